@@ -1,0 +1,97 @@
+"""`swarm.Client`: generate, stream and chat, on the swarm or on a local whole model.
+
+The two backends share one generation loop (`swarm.client.generate`), so they differ only in
+where the next token is computed: `local=True` runs the whole model in this process; otherwise
+the client finds a route of peers through the DHT and keeps one stream per hop for the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from swarm.client.generate import Generation, GenerationRequest, TokenStream
+from swarm.client.tokenizer import Tokenizer
+from swarm.errors import RequestError
+from swarm.models import DEFAULT_MODEL, resolve_model
+from swarm.sampling import SamplingParams
+
+
+class Client:
+    """A language-model client.
+
+    Args:
+        model: a known model name (`swarm models list`), a `.gguf` path, or (swarm only) a model_id.
+        local: run the whole model in this process instead of on the swarm.
+        initial_peers: multiaddrs of swarm peers to join the DHT through (swarm only).
+        n_threads: llama.cpp compute threads (local only); default all cores.
+        n_ctx: KV-cache tokens (local only); default the model's context, capped at 131,072.
+        prefill_chunk_tokens: prompt tokens per prefill frame (swarm only).
+    Raises:
+        ModelError: the model cannot be found, fetched or loaded.
+        NoRoute: (swarm) no chain of peers covers every layer.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, *, local: bool = False, initial_peers: Sequence[str] = (),
+                 n_threads: int | None = None, n_ctx: int | None = None, prefill_chunk_tokens: int = 256):
+        self.local = local
+        if local:
+            from swarm.client.local import LocalEngine, open_local_model
+
+            llama = open_local_model(resolve_model(model, progress=True), n_ctx=n_ctx, n_threads=n_threads)
+            self.tokenizer = Tokenizer(llama)
+            self._engine = LocalEngine(llama)
+            self._backend = "local"
+        else:
+            from swarm.client.remote import connect_swarm
+
+            self.tokenizer, self._engine = connect_swarm(model, list(initial_peers),
+                                                         prefill_chunk_tokens=prefill_chunk_tokens)
+            self._backend = "swarm"
+
+    def stream(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+               top_k: int = 0, seed: int = 0, stop: Sequence[str] = ()) -> TokenStream:
+        """Generate from a plain prompt, yielding text deltas as tokens arrive.
+
+        Each delta decodes as UTF-8 on its own; they concatenate to `.result.text`.
+        Raises:
+            RequestError: empty prompt, max_new_tokens < 1, bad sampling values, or over the context.
+        """
+        if not isinstance(prompt, str) or not prompt:
+            raise RequestError("empty prompt")
+        return self._stream(self.tokenizer.encode(prompt), max_new_tokens, temperature, top_p, top_k, seed, stop)
+
+    def generate(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int = 0, stop: Sequence[str] = ()) -> Generation:
+        """Generate from a plain prompt; return text, token ids and Generation Telemetry."""
+        return self.stream(prompt, max_new_tokens, temperature, top_p, top_k, seed, stop).run()
+
+    def chat_stream(self, messages: Sequence[dict], max_new_tokens: int = 256, temperature: float = 0.0,
+                    top_p: float = 1.0, top_k: int = 0, seed: int = 0, stop: Sequence[str] = ()) -> TokenStream:
+        """Like `stream`, for chat messages rendered with the model's chat template."""
+        return self._stream(self.tokenizer.chat_prompt(messages), max_new_tokens, temperature, top_p, top_k,
+                            seed, stop)
+
+    def chat(self, messages: Sequence[dict], max_new_tokens: int = 256, temperature: float = 0.0,
+             top_p: float = 1.0, top_k: int = 0, seed: int = 0, stop: Sequence[str] = ()) -> Generation:
+        """Answer chat `messages` ([{"role": ..., "content": ...}]); return the finished generation."""
+        return self.chat_stream(messages, max_new_tokens, temperature, top_p, top_k, seed, stop).run()
+
+    def close(self) -> None:
+        """Release the swarm connection (a no-op for the local backend)."""
+        closer = getattr(self._engine, "close", None)
+        if closer is not None:
+            closer()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _stream(self, tokens: list[int], max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+                seed: int, stop: Sequence[str]) -> TokenStream:
+        if isinstance(stop, str):
+            raise RequestError("stop must be a list of strings")
+        sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        req = GenerationRequest(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop))
+        return TokenStream(self._engine, self.tokenizer, tokens, req, backend=self._backend)

@@ -1,0 +1,82 @@
+"""Generation Telemetry: what one request cost, where, and how fast.
+
+Records are plain frozen dataclasses with `to_dict()` for `--json`; nothing here measures time
+itself (callers pass durations in), so the records stay easy to build in tests and the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class HopTelemetry:
+    """One hop of a route, accumulated over a request.
+
+    Attributes:
+        peer_id: libp2p peer id of the hop's peer.
+        start, end: global half-open layer span the hop ran.
+        compute_ms: time the peer reported spending in its executor, summed over steps.
+        network_ms: round-trip time minus compute time, summed over steps.
+        bytes_sent, bytes_received: frame bytes to and from the peer.
+        steps: frames exchanged (prefill chunks + decode steps).
+    """
+
+    peer_id: str
+    start: int
+    end: int
+    compute_ms: float = 0.0
+    network_ms: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    steps: int = 0
+
+
+@dataclass
+class GenerationTelemetry:
+    """The record returned with every generation (local or over the swarm).
+
+    Attributes:
+        backend: "local" or "swarm".
+        prompt_tokens, generated_tokens: counts.
+        ttft_ms: from request start to the first generated token.
+        total_ms: from request start to the end.
+        decode_tokens_per_s: generated tokens after the first, per second of decode time.
+        token_latencies_ms: per generated token, time since the previous one (the first: TTFT).
+        route: hops in layer order (empty for local).
+        retries: steps re-sent after a failure.
+        finish_reason: "stop" (end of sequence or stop string), "length" (max_new_tokens).
+    """
+
+    backend: str
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    ttft_ms: float = 0.0
+    total_ms: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    token_latencies_ms: list[float] = field(default_factory=list)
+    route: list[HopTelemetry] = field(default_factory=list)
+    retries: int = 0
+    finish_reason: str = ""
+
+    def finalize(self, total_ms: float) -> None:
+        """Fill `total_ms` and `decode_tokens_per_s` from the per-token latencies."""
+        self.total_ms = total_ms
+        self.generated_tokens = len(self.token_latencies_ms)
+        decode_ms = sum(self.token_latencies_ms[1:])
+        if self.generated_tokens > 1 and decode_ms > 0:
+            self.decode_tokens_per_s = (self.generated_tokens - 1) * 1000.0 / decode_ms
+
+    def to_dict(self) -> dict:
+        """JSON-able dict of every field."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One human line, e.g. for `/stats`."""
+        line = (f"{self.prompt_tokens} prompt + {self.generated_tokens} generated tokens, "
+                f"TTFT {self.ttft_ms:.0f} ms, {self.decode_tokens_per_s:.1f} tok/s, "
+                f"total {self.total_ms:.0f} ms")
+        for hop in self.route:
+            line += (f"\n  [{hop.start:>3}:{hop.end:<3}) {hop.peer_id[:12]}…  compute {hop.compute_ms:.0f} ms"
+                     f"  network {hop.network_ms:.0f} ms  sent {hop.bytes_sent} B  recv {hop.bytes_received} B")
+        return line

@@ -1,0 +1,31 @@
+"""Shared fixtures: the real models, fetched once into the user's model cache and verified."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from swarm.models import resolve_model
+
+
+def _model(name: str) -> Path:
+    return resolve_model(name, fetch=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (llama arch, 30 layers, hidden 576, tied head)."""
+    return _model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def qwen_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2 arch, 24 layers, hidden 896)."""
+    return _model("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Gemma-3-270M Q4_K_M (gemma3 arch, 18 layers, hidden 640, sliding-window attention)."""
+    return _model("gemma3-270m")
