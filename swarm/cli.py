@@ -62,7 +62,76 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--raw", action="store_true", help="send --prompt as is, without the chat template")
     c.add_argument("--json", action="store_true", help="one-shot: print text and telemetry as one JSON object")
     c.set_defaults(func=_chat)
+
+    s = sub.add_parser("serve", help="serve a span of a model's layers to the swarm")
+    s.add_argument("--model", default=DEFAULT_MODEL, help="NAME or PATH of the model")
+    s.add_argument("--layers", type=_layers, default=None, metavar="A:B",
+                   help="global layers [A, B) to serve (default: the span the swarm covers least)")
+    s.add_argument("--max-layers", type=int, default=12, help="layer budget when --layers is not given")
+    _add_peer_args(s)
+    s.add_argument("--new-swarm", action="store_true", help="start a new swarm (no --initial-peers)")
+    s.add_argument("--max-sessions", type=int, default=8)
+    s.add_argument("--cache-tokens", type=int, default=16384, help="KV-cache tokens shared by all sessions")
+    s.add_argument("--threads", type=int, default=1, help="llama.cpp compute threads")
+    s.add_argument("--announce-period", type=float, default=30.0, help="seconds between DHT refreshes")
+    s.add_argument("--public-name", default=None)
+    s.set_defaults(func=_serve)
+
+    d = sub.add_parser("dht", help="run a DHT-only peer and print the multiaddrs others join with")
+    _add_peer_args(d)
+    d.set_defaults(func=_dht)
+
+    st = sub.add_parser("status", help="peers serving a model, their spans, and layer coverage")
+    st.add_argument("--model", default=DEFAULT_MODEL, help="NAME or PATH of the model")
+    st.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_status)
     return p
+
+
+def _add_peer_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR", help="peers to join the DHT through")
+    p.add_argument("--host", default="127.0.0.1", help="listen address")
+    p.add_argument("--port", type=int, default=0, help="listen port (0: any free port)")
+    p.add_argument("--data-dir", default=None, help="peer identity directory (default $SWARM_HOME)")
+
+
+def _layers(text: str) -> tuple[int, int]:
+    try:
+        a, b = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A:B with integers, got {text!r}") from None
+    if not 0 <= a < b:
+        raise argparse.ArgumentTypeError(f"need 0 <= A < B, got {text!r}")
+    return a, b
+
+
+def _serve(args) -> None:
+    from swarm.peer.server import ServeConfig, serve_forever
+
+    if not args.initial_peers and not args.new_swarm:
+        raise SwarmError("pass --initial-peers MADDR to join a swarm, or --new-swarm to start one")
+    serve_forever(ServeConfig(
+        model=args.model, layers=args.layers, initial_peers=tuple(args.initial_peers), host=args.host,
+        port=args.port, data_dir=args.data_dir, max_sessions=args.max_sessions, cache_tokens=args.cache_tokens,
+        n_threads=args.threads, max_layers=args.max_layers, announce_period_s=args.announce_period,
+        public_name=args.public_name))
+
+
+def _dht(args) -> None:
+    from swarm.dht.node import run_dht_only
+
+    run_dht_only(args.initial_peers, args.host, args.port, args.data_dir)
+
+
+def _status(args) -> None:
+    from swarm.client.status import swarm_status
+
+    report = swarm_status(args.model, args.initial_peers)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        report.print_table()
 
 
 def _models_list(args) -> None:

@@ -29,6 +29,10 @@ class Busy(SwarmError):
     """A peer cannot admit a new session now (KV-cache budget or session slots exhausted)."""
 
 
+class Forbidden(SwarmError):
+    """A peer asked for something that belongs to another peer (e.g. another client's session)."""
+
+
 class ProtocolError(SwarmError):
     """A frame or record from a peer is malformed, oversized, or of another protocol generation."""
 

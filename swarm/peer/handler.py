@@ -1,0 +1,167 @@
+"""One client stream on a peer: the session loop of the span protocol (swarm/wire.py).
+
+A stream carries one session from `Open` to `Close`: the handler admits it into the span's
+`SessionTable`, then answers each `Forward` with `Hidden` (or `Token` on the last span, which
+samples), applies `Truncate`, and releases the session's KV cache when the stream ends for any
+reason. A bad frame or bad request gets an `Error` frame; request errors keep the session open,
+protocol errors end this stream only. Other sessions never notice.
+
+The executor is driven from one thread (`SpanRuntime.pool`), so blocking llama.cpp calls never
+stall the event loop and never run concurrently on one context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from swarm.errors import Busy, ExecutorError, ProtocolError, RequestError, SwarmError
+from swarm.ggml_bridge.executor import SpanExecutor
+from swarm.kv.sessions import SessionSlot, SessionTable
+from swarm.p2p import StreamSession
+from swarm.sampling import SamplingParams, sample
+from swarm.wire import (Close, Error, ErrorCode, Forward, Hidden, Open, OpenOk, Token, Truncate, decode_frame,
+                        encode_frame)
+
+logger = logging.getLogger(__name__)
+
+SPAN_PROTOCOL = "/swarm/span/1"
+"""libp2p protocol name of the span stream."""
+OPEN_TIMEOUT_S = 30.0
+"""A new stream must send its Open frame within this many seconds."""
+
+
+@dataclass
+class SpanRuntime:
+    """What every stream of one served span shares.
+
+    Attributes:
+        model_id: the model served.
+        start, end: global half-open layer span.
+        executor: the span's llama.cpp executor; touched only from `pool`.
+        sessions: the span's session table; touched only from the event loop.
+        pool: the single executor thread.
+        idle_timeout_s: a stream that sends nothing for this long is closed and its session freed.
+        shutting_down: set on SIGTERM; new sessions are refused with SHUTTING_DOWN.
+        streams: live stream handlers, so shutdown can tell their clients.
+    """
+
+    model_id: str
+    start: int
+    end: int
+    executor: SpanExecutor
+    sessions: SessionTable
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "span-executor"))
+    idle_timeout_s: float = 600.0
+    shutting_down: bool = False
+    streams: set = field(default_factory=set)
+
+    async def run(self, fn, *args):
+        """Run a blocking executor call on the span's thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+
+async def handle_stream(rt: SpanRuntime, stream: StreamSession) -> None:
+    """Serve one client stream until Close, disconnect, idle timeout or shutdown."""
+    rt.streams.add(stream)
+    slot: SessionSlot | None = None
+    try:
+        opened = await _open(rt, stream)
+        if opened is None:
+            return
+        slot, sampling = opened
+        while True:
+            data = await stream.recv(rt.idle_timeout_s)  # idle past the timeout: PeerUnreachable ends it
+            try:
+                frame = decode_frame(data)
+            except ProtocolError as e:
+                await _send_error(stream, ErrorCode.PROTOCOL, str(e))
+                return
+            if isinstance(frame, Close):
+                return
+            try:
+                reply = await _dispatch(rt, slot, sampling, frame)
+            except (RequestError, ExecutorError) as e:
+                reply = Error(ErrorCode.BAD_REQUEST, str(e))
+            await stream.send(encode_frame(reply))
+    finally:
+        rt.streams.discard(stream)
+        if slot is not None:
+            seq_id = rt.sessions.release(slot.session_id)
+            await rt.run(rt.executor.clear, seq_id)
+
+
+async def _open(rt: SpanRuntime, stream: StreamSession) -> tuple[SessionSlot, SamplingParams] | None:
+    data = await stream.recv(OPEN_TIMEOUT_S)
+    try:
+        frame = decode_frame(data)
+    except ProtocolError as e:
+        await _send_error(stream, ErrorCode.PROTOCOL, str(e))
+        return None
+    if not isinstance(frame, Open):
+        await _send_error(stream, ErrorCode.PROTOCOL, f"first frame must be open, got {type(frame).__name__}")
+        return None
+    if frame.client_id != stream.remote_peer_id:
+        await _send_error(stream, ErrorCode.FORBIDDEN, "client_id does not match the stream's peer id")
+        return None
+    if rt.shutting_down:
+        await _send_error(stream, ErrorCode.SHUTTING_DOWN, "peer is shutting down")
+        return None
+    if frame.model_id != rt.model_id or (frame.start, frame.end) != (rt.start, rt.end):
+        await _send_error(stream, ErrorCode.NOT_FOUND,
+                          f"this peer serves layers [{rt.start}, {rt.end}) of model {rt.model_id[:16]}")
+        return None
+    try:
+        admission = rt.sessions.admit(frame.session_id, stream.remote_peer_id, frame.max_tokens, time.monotonic())
+    except Busy as e:
+        await _send_error(stream, ErrorCode.BUSY, str(e))
+        return None
+    except RequestError as e:
+        await _send_error(stream, ErrorCode.BAD_REQUEST, str(e))
+        return None
+    for seq_id in admission.evicted_seq_ids:
+        await rt.run(rt.executor.clear, seq_id)
+    # A seq id can come back from a session that ended abnormally; start from an empty cache.
+    await rt.run(rt.executor.clear, admission.slot.seq_id)
+    await stream.send(encode_frame(OpenOk(reserved_tokens=admission.slot.reserved_tokens)))
+    return admission.slot, frame.sampling
+
+
+async def _dispatch(rt: SpanRuntime, slot: SessionSlot, sampling: SamplingParams, frame):
+    if isinstance(frame, Forward):
+        rt.sessions.check_forward(slot, frame.pos0, frame.n_tokens)
+        if frame.hidden.shape[1] != rt.executor.n_embd:
+            raise RequestError(f"hidden size {frame.hidden.shape[1]} != span's {rt.executor.n_embd}")
+        reply = await rt.run(_compute, rt.executor, slot.seq_id, frame, sampling)
+        rt.sessions.advance(slot, frame.n_tokens, time.monotonic())
+        return reply
+    if isinstance(frame, Truncate):
+        rt.sessions.truncate(slot, frame.pos)
+        await rt.run(rt.executor.truncate, slot.seq_id, frame.pos)
+        return OpenOk(reserved_tokens=slot.reserved_tokens)
+    raise RequestError(f"unexpected {type(frame).__name__} frame in an open session")
+
+
+def _compute(executor: SpanExecutor, seq_id: int, frame: Forward, sampling: SamplingParams):
+    """Executor thread: run the span, and on the last span sample. Returns the reply frame."""
+    t0 = time.perf_counter()
+    hidden = np.ascontiguousarray(frame.hidden, dtype=np.float32)
+    all_logits = frame.want_logits and frame.all_logits
+    out = executor.forward(seq_id, frame.pos0, hidden, all_logits=all_logits)
+    if not executor.is_last:
+        return Hidden(step=frame.step, hidden=out, compute_ms=(time.perf_counter() - t0) * 1000.0)
+    r = sample(out[-1], sampling, position=frame.pos0 + frame.n_tokens)
+    return Token(step=frame.step, token=r.token, logprob=r.logprob, top=r.top,
+                 compute_ms=(time.perf_counter() - t0) * 1000.0, logits=out if frame.want_logits else None)
+
+
+async def _send_error(stream: StreamSession, code: ErrorCode, message: str) -> None:
+    try:
+        await stream.send(encode_frame(Error(code, message)))
+    except SwarmError:
+        pass  # the client is gone; nothing to tell

@@ -1,0 +1,174 @@
+"""`swarm serve`: the composition root of a peer.
+
+Builds the parts in order and wires them together; the parts receive their collaborators:
+model file → manifest → DHT node → span choice → executor → throughput probe → session table →
+stream handler → announcer. On SIGINT/SIGTERM it withdraws the announcement, tells every open
+session's client, and stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from swarm.dht.node import SwarmDHT
+from swarm.errors import SwarmError
+from swarm.ggml_bridge.executor import SpanExecutor
+from swarm.kv.sessions import SessionTable
+from swarm.manifest import Manifest, build_manifest
+from swarm.models import resolve_model
+from swarm.peer.announce import Announcer, Throughput
+from swarm.peer.handler import SPAN_PROTOCOL, SpanRuntime, handle_stream
+from swarm.route.placement import choose_span
+from swarm.route.snapshot import peer_spans
+from swarm.wire import Error, ErrorCode, encode_frame
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_STEP_S = 10.0
+"""Each shutdown step (withdraw, DHT stop) gives up after this long, so a peer always exits."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Options of `swarm serve`.
+
+    Attributes:
+        model: known model name or `.gguf` path.
+        layers: (start, end) global half-open span, or None to pick the least-covered span.
+        initial_peers: multiaddrs to join through; empty with new_swarm starts a swarm.
+        host, port: libp2p listen address (port 0: any free port).
+        data_dir: peer identity directory (None: $SWARM_HOME or the XDG data dir).
+        max_sessions: concurrent sessions (llama.cpp sequences).
+        cache_tokens: KV-cache tokens shared by all sessions.
+        n_threads: llama.cpp compute threads.
+        max_layers: layer budget when `layers` is None.
+        announce_period_s: seconds between announcement refreshes; records expire after 2.5 periods.
+        public_name: optional display name in the announcement.
+    """
+
+    model: str
+    layers: tuple[int, int] | None = None
+    initial_peers: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 0
+    data_dir: str | None = None
+    max_sessions: int = 8
+    cache_tokens: int = 16384
+    n_threads: int = 1
+    max_layers: int = 12
+    announce_period_s: float = 30.0
+    public_name: str | None = None
+
+
+async def serve(cfg: ServeConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
+    """Run a peer until `stop` is set (or SIGINT/SIGTERM when `stop` is None).
+
+    Raises:
+        SwarmError: the model, span or DHT could not be set up (before serving starts).
+    """
+    path = resolve_model(cfg.model, progress=True)
+    manifest = build_manifest(path)
+    dht = await SwarmDHT.start(cfg.initial_peers, host=cfg.host, port=cfg.port, data_dir=cfg.data_dir)
+    try:
+        for maddr in dht.visible_maddrs():
+            print(maddr, flush=True)
+        start, end = cfg.layers or await _choose_layers(dht, manifest, cfg.max_layers)
+        _check_span(manifest, start, end)
+        logger.info("loading layers [%d, %d) of %s", start, end, manifest.model_id[:16])
+        executor = await asyncio.to_thread(
+            SpanExecutor.for_span, path, start, end, n_ctx_tokens=cfg.cache_tokens,
+            n_seq_max=cfg.max_sessions, n_threads=cfg.n_threads, model_id=manifest.model_id)
+        rt = SpanRuntime(model_id=manifest.model_id, start=start, end=end, executor=executor,
+                         sessions=SessionTable(cfg.max_sessions, cfg.cache_tokens, idle_timeout_s=600.0))
+        throughput = await rt.run(measure_throughput, executor)
+        logger.info("span [%d, %d): %.1f decode steps/s, %.0f prefill tokens/s", start, end,
+                    throughput.decode_steps_per_s, throughput.prefill_tokens_per_s)
+        await dht.transport.serve(SPAN_PROTOCOL, partial(handle_stream, rt))
+        announcer = Announcer(dht, rt, throughput, cfg.announce_period_s, cfg.public_name)
+        await announcer.announce_once()
+        print(f"serving layers {start}:{end} of {manifest.model_id} as {dht.peer_id}", file=sys.stderr, flush=True)
+        if ready is not None:
+            ready.set()
+        await _run_until_stopped(announcer, stop)
+        await _shutdown(rt, announcer)
+    finally:
+        try:
+            await asyncio.wait_for(dht.shutdown(), SHUTDOWN_STEP_S)
+        except asyncio.TimeoutError:
+            logger.warning("the DHT node did not stop within %.0f s", SHUTDOWN_STEP_S)
+
+
+async def _choose_layers(dht: SwarmDHT, manifest: Manifest, max_layers: int) -> tuple[int, int]:
+    announced = await dht.get_announcements(manifest.model_id)
+    return choose_span(peer_spans(announced), manifest.n_layers, max_layers)
+
+
+def _check_span(manifest: Manifest, start: int, end: int) -> None:
+    if not 0 <= start < end <= manifest.n_layers:
+        raise SwarmError(f"layers {start}:{end} are outside the model's 0:{manifest.n_layers}")
+
+
+def measure_throughput(executor: SpanExecutor, prefill_tokens: int = 64, decode_steps: int = 8) -> Throughput:
+    """Time a prefill and a few decode steps on sequence 0 with random hidden states, then clear it.
+
+    Returns:
+        Throughput: decode steps/s and prefill tokens/s through the whole span.
+    """
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((prefill_tokens, executor.n_embd), dtype=np.float32)
+    t0 = time.perf_counter()
+    executor.forward(0, 0, x)
+    prefill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i in range(decode_steps):
+        executor.forward(0, prefill_tokens + i, x[i: i + 1])
+    decode_s = time.perf_counter() - t0
+    executor.clear(0)
+    return Throughput(decode_steps_per_s=decode_steps / decode_s, prefill_tokens_per_s=prefill_tokens / prefill_s)
+
+
+async def _run_until_stopped(announcer: Announcer, stop: asyncio.Event | None) -> None:
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    refresher = asyncio.create_task(announcer.run())
+    try:
+        await stop.wait()
+    finally:
+        refresher.cancel()
+        await asyncio.gather(refresher, return_exceptions=True)
+
+
+async def _shutdown(rt: SpanRuntime, announcer: Announcer) -> None:
+    rt.shutting_down = True
+    try:
+        await asyncio.wait_for(announcer.withdraw(), SHUTDOWN_STEP_S)
+    except (SwarmError, asyncio.TimeoutError) as e:
+        logger.warning("could not withdraw the announcement (it expires by itself): %s", e)
+    goodbye = encode_frame(Error(ErrorCode.SHUTTING_DOWN, "peer is shutting down"))
+    for stream in list(rt.streams):
+        try:
+            await stream.send(goodbye)
+        except SwarmError:
+            pass
+        await stream.close()
+    rt.pool.shutdown(wait=True)
+    rt.executor.close()
+
+
+def serve_forever(cfg: ServeConfig) -> None:
+    """Blocking entry point for the CLI."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    asyncio.run(serve(cfg))
+
