@@ -1,0 +1,27 @@
+"""`python -m sim [NAME ...]`: run named scenarios (default: all), print one JSON line each."""
+
+import json
+import sys
+import time
+
+from sim.scenarios import SCENARIOS
+from sim.swarm_sim import run
+
+
+def main(argv: list[str]) -> int:
+    """Run the scenarios named in argv (all when empty); returns the exit status."""
+    names = argv or sorted(SCENARIOS)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        print(f"unknown scenario(s) {unknown}; known: {sorted(SCENARIOS)}", file=sys.stderr)
+        return 2
+    for name in names:
+        t0 = time.perf_counter()
+        summary = run(SCENARIOS[name]).summary()
+        summary["wall_s"] = round(time.perf_counter() - t0, 3)
+        print(json.dumps({"scenario": name, **summary}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

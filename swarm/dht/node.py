@@ -1,0 +1,264 @@
+"""The one place swarm touches hivemind's DHT: start/stop a node, announce, withdraw, read, blobs.
+
+`SwarmDHT` runs a hivemind DHT (its own process and p2pd) with this peer's persistent identity, signs
+every record it writes with that identity (hivemind's RSASignatureValidator: only the key's owner can
+overwrite its subkey) and checks swarm records at store and read time (swarm.dht.validation). The rest of
+swarm sees `async def` methods and plain swarm types. It also hands out the framed stream transport
+(swarm.p2p.SwarmP2P) on the same daemon, so announcements and streams share one peer id.
+
+This module makes no routing decisions and does not interpret blobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import sys
+from typing import Optional, Sequence
+
+import hivemind
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.utils import get_dht_time
+
+from swarm.dht.identity import Identity, load_or_create_identity, peer_id_of_public_key
+from swarm.dht.records import (
+    ANNOUNCE_SUBKEY_TAG,
+    BLOB_SUBKEY_TAG,
+    MAX_BLOB_BYTES,
+    MAX_BLOB_NAME_BYTES,
+    Announcement,
+    announcements_key,
+    encode_announcement,
+)
+from swarm.dht.validation import SwarmRecordValidator, blob_name, check_announcement, owner_public_key
+from swarm.errors import ProtocolError, SwarmError
+from swarm.p2p import SwarmP2P
+
+TOMBSTONE_TTL_S = 10.0
+"""A withdrawal record lives at least this long (seconds) and always past the announcement it replaces."""
+_EXPIRATION_STEP_S = 0.001
+"""hivemind keeps the record with the later expiration, so each rewrite of a subkey must expire later."""
+
+
+class DHTError(SwarmError):
+    """The DHT node could not start (bad bootstrap address, identity in use, p2pd failure)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Blob:
+    """A signed byte string stored under a DHT key by one peer.
+
+    Attributes:
+        name: the subkey name the writer chose.
+        owner_peer_id: base58 peer id of the key that signed it.
+        value: the bytes, at most records.MAX_BLOB_BYTES.
+        expires_at: DHT time (s) when it expires.
+    """
+
+    name: str
+    owner_peer_id: str
+    value: bytes
+    expires_at: float
+
+
+class SwarmDHT:
+    """A running DHT node with this peer's identity. Build with `await SwarmDHT.start(...)`."""
+
+    def __init__(self, dht: hivemind.DHT, identity: Identity, signer: RSASignatureValidator,
+                 transport: SwarmP2P, maddrs: list[str]):
+        self._dht = dht
+        self.identity = identity
+        self._owner_marker = signer.local_public_key
+        self.transport = transport
+        self._maddrs = maddrs
+        self._last_expiration: dict[str, float] = {}  # model_id -> newest own announce/tombstone
+
+    @classmethod
+    async def start(cls, initial_peers: Sequence[str] = (), *, host: str = "127.0.0.1", port: int = 0,
+                    data_dir: Optional[str | os.PathLike] = None, client_mode: bool = False,
+                    startup_timeout_s: float = 30.0) -> "SwarmDHT":
+        """Start a DHT node (own process + p2pd) and join the swarm through `initial_peers`.
+
+        Args:
+            initial_peers: multiaddrs with /p2p/<id> of live peers; empty starts a new swarm.
+            host, port: TCP listen address; port 0 picks a free port.
+            data_dir: where the identity lives (swarm.dht.identity.resolve_data_dir when None).
+            client_mode: dial out only, store nothing for others (behind NAT, or a pure client).
+            startup_timeout_s: give up after this many seconds.
+        Raises:
+            IdentityError: the data directory or its key is unusable.
+            DHTError: the node did not start (malformed bootstrap address, identity already online, ...).
+        """
+        identity = load_or_create_identity(data_dir)
+        signer = RSASignatureValidator(identity.private_key)
+        proto = "ip6" if ":" in host else "ip4"
+        dht = hivemind.DHT(
+            initial_peers=list(initial_peers), start=False, client_mode=client_mode,
+            host_maddrs=[f"/{proto}/{host}/tcp/{port}"], identity_path=str(identity.identity_path),
+            record_validators=[signer, SwarmRecordValidator()], startup_timeout=startup_timeout_s,
+        )
+        try:
+            dht.run_in_background(await_ready=False)
+            await asyncio.to_thread(dht.wait_until_ready, startup_timeout_s)
+            maddrs = [str(m) for m in await asyncio.to_thread(dht.get_visible_maddrs)]
+            transport = await SwarmP2P.create(await dht.replicate_p2p())
+        except Exception as e:  # hivemind raises P2PDaemonError, ValueError, TimeoutError, ... here
+            if dht.is_alive():
+                await asyncio.to_thread(dht.shutdown)
+            raise DHTError(f"DHT node did not start: {e}") from e
+        return cls(dht, identity, signer, transport, maddrs)
+
+    @property
+    def peer_id(self) -> str:
+        """This node's base58 libp2p peer id (stable for a data directory)."""
+        return self.identity.peer_id
+
+    def visible_maddrs(self) -> list[str]:
+        """Multiaddrs other peers can dial, each ending in /p2p/<peer_id>."""
+        return list(self._maddrs)
+
+    async def announce(self, ann: Announcement, expiration_s: float) -> Announcement:
+        """Publish (or refresh) this peer's span for `ann.model_id`, signed, valid for `expiration_s`.
+
+        Args:
+            ann: the offer; its peer_id must be this node's; its expires_at is replaced.
+            expiration_s: lifetime in seconds from now (> 0).
+        Returns:
+            the announcement as stored: expires_at is DHT time now + expiration_s, or just after this
+            peer's previous record for the model if that expires later (e.g. a recent withdrawal).
+        Raises:
+            ProtocolError: the announcement violates the record schema or names another peer id.
+            DHTError: no DHT node accepted the record.
+        """
+        if ann.peer_id != self.peer_id:
+            raise ProtocolError(f"announcement names peer {ann.peer_id}, this node is {self.peer_id}")
+        if not expiration_s > 0:
+            raise ProtocolError(f"expiration_s must be > 0, got {expiration_s}")
+        stored_at = await self._store_own_span(ann.model_id, get_dht_time() + expiration_s,
+                                               lambda expires_at: encode_announcement(
+                                                   dataclasses.replace(ann, expires_at=expires_at)))
+        return dataclasses.replace(ann, expires_at=stored_at)
+
+    async def withdraw(self, model_id: str) -> None:
+        """Replace this peer's announcement for `model_id` by a signed tombstone, so that readers stop
+        seeing it at once (it would otherwise live until its expiration).
+
+        Raises:
+            DHTError: no DHT node accepted the tombstone.
+        """
+        await self._store_own_span(model_id, get_dht_time() + TOMBSTONE_TTL_S, lambda expires_at: None)
+
+    async def _store_own_span(self, model_id: str, wanted_expiration: float, make_value) -> float:
+        """Write this peer's announcement subkey with an expiration later than any record it wrote there
+        before (hivemind keeps the latest-expiring one). If the DHT holds a later one this process does
+        not know of (a previous run), read its expiration and write once more just after it.
+
+        Returns:
+            the expiration (DHT time, s) actually stored.
+        """
+        key, subkey = announcements_key(model_id), ANNOUNCE_SUBKEY_TAG + self._owner_marker
+        expires_at = max(wanted_expiration, self._last_expiration.get(model_id, 0.0) + _EXPIRATION_STEP_S)
+        try:
+            await self._store(key, subkey, make_value(expires_at), expires_at)
+        except DHTError:
+            newer = [exp for sub, _, exp in await self._get_entries(key) if sub == subkey and exp >= expires_at]
+            if not newer:
+                raise
+            expires_at = max(newer) + _EXPIRATION_STEP_S
+            await self._store(key, subkey, make_value(expires_at), expires_at)
+        self._last_expiration[model_id] = expires_at
+        return expires_at
+
+    async def get_announcements(self, model_id: str) -> list[Announcement]:
+        """Latest live announcements for `model_id`, one per peer, sorted by (start, peer_id).
+
+        Every returned record was signed by the key of its peer_id, matches the schema, names this
+        model and has not expired; anything else (forged, malformed, tombstones) is dropped.
+        """
+        now = get_dht_time()
+        found = []
+        for subkey, value, expires_at in await self._get_entries(announcements_key(model_id)):
+            ann = check_announcement(subkey, value) if value is not None else None
+            if ann is not None and ann.model_id == model_id and min(ann.expires_at, expires_at) > now:
+                found.append(ann)
+        return sorted(found, key=lambda a: (a.start, a.peer_id))
+
+    async def store_blob(self, key: str, subkey: str, value: Optional[bytes], expiration_s: float) -> None:
+        """Store a signed byte string under (key, this peer, subkey), e.g. a manifest or an infohash.
+
+        Args:
+            key: any DHT key string, e.g. f"swarm/{model_id}/torrent".
+            subkey: the writer's name for it, at most records.MAX_BLOB_NAME_BYTES UTF-8 bytes.
+            value: at most records.MAX_BLOB_BYTES bytes; None erases an earlier blob.
+            expiration_s: lifetime in seconds from now (> 0).
+        Raises:
+            ProtocolError: the name or value is too large, or expiration_s <= 0.
+            DHTError: no DHT node accepted the record.
+        """
+        name = subkey.encode("utf-8")
+        if len(name) > MAX_BLOB_NAME_BYTES or b"[" in name:
+            raise ProtocolError(f"blob name {subkey!r} is too long or contains '['")
+        if value is not None and (not isinstance(value, bytes) or len(value) > MAX_BLOB_BYTES):
+            raise ProtocolError(f"blob value must be bytes of at most {MAX_BLOB_BYTES} bytes")
+        if not expiration_s > 0:
+            raise ProtocolError(f"expiration_s must be > 0, got {expiration_s}")
+        await self._store(key, BLOB_SUBKEY_TAG + name + self._owner_marker, value,
+                          get_dht_time() + expiration_s)
+
+    async def get_blob(self, key: str) -> list[Blob]:
+        """All live, signed blobs under `key`, sorted by (name, owner_peer_id); erased ones are omitted."""
+        now = get_dht_time()
+        found = []
+        for subkey, value, expires_at in await self._get_entries(key):
+            name, owner = blob_name(subkey), owner_public_key(subkey)
+            if name is None or owner is None or not isinstance(value, bytes) or expires_at <= now:
+                continue
+            if len(value) <= MAX_BLOB_BYTES:
+                found.append(Blob(name, peer_id_of_public_key(owner), value, expires_at))
+        return sorted(found, key=lambda b: (b.name, b.owner_peer_id))
+
+    async def shutdown(self) -> None:
+        """Stop serving streams, leave the DHT and stop its process and p2pd (idempotent)."""
+        await self.transport.close()
+        await asyncio.to_thread(self._dht.shutdown)
+
+    async def _store(self, key: str, subkey: bytes, value, expires_at: float) -> None:
+        ok = await self._dht.store(key, value, expiration_time=expires_at, subkey=subkey, return_future=True)
+        if not ok:
+            raise DHTError(f"no DHT node accepted the record under {key!r} (no peers, or a newer one exists)")
+
+    async def _get_entries(self, key: str) -> list[tuple[bytes, object, float]]:
+        """(subkey, value, expiration) of every subkey under `key`, newest copy found in the DHT."""
+        result = await self._dht.get(key, latest=True, return_future=True)
+        if result is None or not isinstance(result.value, dict):
+            return []
+        return [(subkey, item.value, item.expiration_time) for subkey, item in result.value.items()
+                if isinstance(subkey, bytes)]
+
+
+def run_dht_only(initial_peers: Sequence[str], host: str, port: int,
+                 data_dir: Optional[str | os.PathLike]) -> None:
+    """`swarm dht`: run a DHT-only peer, print its multiaddrs one per line on stdout, block until
+    SIGINT/SIGTERM, then shut down cleanly.
+
+    Raises:
+        IdentityError, DHTError: as SwarmDHT.start.
+    """
+
+    async def main() -> None:
+        node = await SwarmDHT.start(initial_peers, host=host, port=port, data_dir=data_dir)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            for maddr in node.visible_maddrs():
+                print(maddr, file=sys.stdout)
+            sys.stdout.flush()
+            await stop.wait()
+        finally:
+            await node.shutdown()
+
+    asyncio.run(main())

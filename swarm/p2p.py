@@ -1,0 +1,286 @@
+"""Persistent, framed, bidirectional peer-to-peer streams over hivemind's libp2p daemon (p2pd).
+
+A client opens one stream per (client, hop) and keeps it for a whole generation: it sends frames and
+reads reply frames many times, then closes. libp2p authenticates both ends, so a server-side handler
+knows the remote peer id for sure (that is how a session is bound to its client).
+
+Framing: a 4-byte big-endian length, then that many bytes. A frame longer than the receiver's
+`max_frame_bytes` is refused: the receiver raises ProtocolError and closes that stream only.
+
+This module moves bytes; it does not know what the frames mean (swarm.wire) or where peers are (swarm.dht).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from typing import Awaitable, Callable, Iterable, Optional
+
+from hivemind.p2p import P2P, P2PDaemonError, PeerID
+from hivemind.utils.multiaddr import Multiaddr
+
+from swarm.errors import ProtocolError, SwarmError
+
+logger = logging.getLogger(__name__)
+
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+"""Default largest frame either side accepts, bytes."""
+PING_PROTOCOL = "/swarm/ping/1"
+_HEADER = struct.Struct(">I")
+
+
+class PeerUnreachable(SwarmError):
+    """A peer cannot be dialled, refused the protocol, or its stream broke (reset, died, timed out)."""
+
+
+class StreamClosed(PeerUnreachable):
+    """The remote side closed the stream cleanly, between two frames."""
+
+
+class StreamSession:
+    """One open stream to one remote peer, carrying length-prefixed frames both ways.
+
+    Use one sender and one receiver task at a time. Every failure closes the session.
+
+    Attributes:
+        remote_peer_id: base58 peer id of the other end, authenticated by libp2p.
+        protocol: the protocol name the stream was opened for.
+        max_frame_bytes: largest frame this side accepts or sends.
+    """
+
+    def __init__(self, remote_peer_id: str, protocol: str, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter, max_frame_bytes: int = MAX_FRAME_BYTES):
+        self.remote_peer_id = remote_peer_id
+        self.protocol = protocol
+        self.max_frame_bytes = max_frame_bytes
+        self._reader = reader
+        self._writer = writer
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once close() ran or a failure closed the stream."""
+        return self._closed
+
+    async def send(self, frame: bytes) -> None:
+        """Send one frame.
+
+        Args:
+            frame: payload, at most max_frame_bytes.
+        Raises:
+            ProtocolError: the frame is too large (the stream is closed).
+            PeerUnreachable: the stream is closed or broke.
+        """
+        if self._closed:
+            raise PeerUnreachable(f"stream to {self.remote_peer_id} is closed")
+        if len(frame) > self.max_frame_bytes:
+            await self.close()
+            raise ProtocolError(f"frame of {len(frame)} bytes exceeds the limit of {self.max_frame_bytes}")
+        try:
+            self._writer.writelines((_HEADER.pack(len(frame)), frame))
+            await self._writer.drain()
+        except (ConnectionError, OSError, RuntimeError) as e:
+            await self.close()
+            raise PeerUnreachable(f"stream to {self.remote_peer_id} broke while sending: {e}") from e
+
+    async def recv(self, timeout_s: Optional[float] = None) -> bytes:
+        """Receive the next frame.
+
+        Args:
+            timeout_s: give up after this many seconds (None waits for ever).
+        Returns:
+            the frame's payload, at most max_frame_bytes.
+        Raises:
+            StreamClosed: the remote side closed the stream between frames.
+            ProtocolError: the announced frame length exceeds max_frame_bytes (the stream is closed).
+            PeerUnreachable: the stream broke mid-frame, was reset, or timed out (the stream is closed).
+        """
+        if self._closed:
+            raise PeerUnreachable(f"stream to {self.remote_peer_id} is closed")
+        try:
+            async with asyncio.timeout(timeout_s):  # no extra task, unlike wait_for
+                return await self._read_frame()
+        except TimeoutError as e:
+            await self.close()
+            raise PeerUnreachable(f"no frame from {self.remote_peer_id} within {timeout_s} s") from e
+        except SwarmError:
+            await self.close()
+            raise
+
+    async def _read_frame(self) -> bytes:
+        try:
+            header = await self._reader.readexactly(_HEADER.size)
+        except asyncio.IncompleteReadError as e:
+            if not e.partial:
+                raise StreamClosed(f"{self.remote_peer_id} closed the stream") from e
+            raise PeerUnreachable(f"stream from {self.remote_peer_id} broke inside a frame header") from e
+        except (ConnectionError, OSError) as e:
+            raise PeerUnreachable(f"stream from {self.remote_peer_id} broke: {e}") from e
+        (length,) = _HEADER.unpack(header)
+        if length > self.max_frame_bytes:
+            raise ProtocolError(f"{self.remote_peer_id} sent a frame of {length} bytes, "
+                                f"over the limit of {self.max_frame_bytes}")
+        try:
+            return await self._reader.readexactly(length)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
+            raise PeerUnreachable(f"stream from {self.remote_peer_id} broke inside a frame") from e
+
+    async def close(self) -> None:
+        """Close the stream (idempotent). The remote's next recv raises StreamClosed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+
+    async def __aenter__(self) -> "StreamSession":
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+
+StreamHandler = Callable[[StreamSession], Awaitable[None]]
+
+
+class SwarmP2P:
+    """Framed streams and RTT probes over one hivemind P2P instance (one p2pd, one peer id).
+
+    Build with `await SwarmP2P.create(p2p)`, which also answers ping probes. The P2P instance's life
+    belongs to whoever created it (swarm.dht.node.SwarmDHT for the DHT's own daemon).
+    """
+
+    def __init__(self, p2p: P2P):
+        self._p2p = p2p
+        self.peer_id: str = p2p.peer_id.to_base58()
+        self._handler_tasks: set[asyncio.Task] = set()
+        self._closing = False
+
+    @classmethod
+    async def create(cls, p2p: P2P) -> "SwarmP2P":
+        """Wrap `p2p` and start serving PING_PROTOCOL."""
+        self = cls(p2p)
+        await self.serve(PING_PROTOCOL, _echo_until_closed, max_frame_bytes=64)
+        return self
+
+    async def serve(self, protocol_name: str, handler: StreamHandler, *,
+                    max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        """Run `handler(session)` for every incoming stream of `protocol_name`, each in its own task.
+
+        The stream is closed when the handler returns or raises. StreamClosed ends a handler quietly;
+        other errors are logged and only that stream is lost, the server keeps serving. Serving a name
+        again replaces its handler for new streams.
+
+        Raises:
+            PeerUnreachable: the local p2pd refused the registration.
+        """
+
+        async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            session = StreamSession(info.peer_id.to_base58(), info.proto, reader, writer, max_frame_bytes)
+            if self._closing:
+                await session.close()
+                return
+            task = asyncio.current_task()
+            self._handler_tasks.add(task)
+            try:
+                await handler(session)
+            except StreamClosed:
+                pass
+            except SwarmError as e:
+                logger.info("stream %s from %s ended: %s", protocol_name, session.remote_peer_id, e)
+            except Exception:
+                logger.exception("handler for %s failed on a stream from %s", protocol_name,
+                                 session.remote_peer_id)
+            finally:
+                self._handler_tasks.discard(task)
+                await session.close()
+
+        try:
+            await self._p2p.add_binary_stream_handler(protocol_name, on_stream)
+        except P2PDaemonError as e:
+            raise PeerUnreachable(f"cannot serve {protocol_name}: {e}") from e
+
+    async def close(self) -> None:
+        """Stop serving: cancel running handlers (their streams close) and detach from p2pd; a p2pd this
+        instance did not start keeps running."""
+        self._closing = True
+        handlers = list(self._handler_tasks)
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await self._p2p.shutdown()
+
+    async def open_stream(self, peer_id: str, addrs: Iterable[str], protocol_name: str, *,
+                          max_frame_bytes: int = MAX_FRAME_BYTES) -> StreamSession:
+        """Open a stream to `peer_id` for `protocol_name`.
+
+        Args:
+            peer_id: base58 peer id of the server.
+            addrs: multiaddr strings to dial if not yet connected (a trailing /p2p/<id> is allowed);
+                may be empty when the peer is already connected or known to the local daemon.
+            protocol_name: the name the server passed to serve().
+            max_frame_bytes: largest frame this side accepts or sends on the new stream.
+        Returns:
+            an open StreamSession (close it, or use `async with`).
+        Raises:
+            ProtocolError: peer_id or an address is malformed.
+            PeerUnreachable: the peer cannot be dialled or does not serve `protocol_name`.
+        """
+        remote = _parse_peer_id(peer_id)
+        maddrs = [_parse_maddr(a) for a in addrs]
+        try:
+            if maddrs:
+                await self._p2p._client.connect(remote, maddrs)  # hivemind's P2P exposes no public connect
+            _, reader, writer = await self._p2p.call_binary_stream_handler(remote, protocol_name)
+        except (P2PDaemonError, ConnectionError, OSError) as e:
+            raise PeerUnreachable(f"cannot open {protocol_name} to {peer_id}: {e}") from e
+        return StreamSession(peer_id, protocol_name, reader, writer, max_frame_bytes)
+
+    async def ping(self, peer_id: str, addrs: Iterable[str] = (), *, rounds: int = 3,
+                   timeout_s: float = 5.0) -> float:
+        """Round-trip time to a peer, ms: the fastest of `rounds` 8-byte echoes on one fresh stream
+        (the stream's opening is not counted).
+
+        Raises:
+            ProtocolError: peer_id or an address is malformed.
+            PeerUnreachable: the peer cannot be dialled, does not answer, or takes over timeout_s.
+        """
+        async with await self.open_stream(peer_id, addrs, PING_PROTOCOL, max_frame_bytes=64) as stream:
+            best_s = float("inf")
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                await stream.send(b"swarmping")
+                reply = await stream.recv(timeout_s)
+                best_s = min(best_s, time.perf_counter() - t0)
+                if reply != b"swarmping":
+                    raise PeerUnreachable(f"{peer_id} answered a ping with {len(reply)} wrong bytes")
+        return best_s * 1000.0
+
+
+async def _echo_until_closed(stream: StreamSession) -> None:
+    """Ping responder: echo frames until the prober closes."""
+    while True:
+        await stream.send(await stream.recv())
+
+
+def _parse_peer_id(peer_id: str) -> PeerID:
+    try:
+        parsed = PeerID.from_base58(peer_id)
+    except (ValueError, TypeError) as e:
+        raise ProtocolError(f"malformed peer id {peer_id!r}") from e
+    if not parsed.to_bytes():
+        raise ProtocolError(f"malformed peer id {peer_id!r}")
+    return parsed
+
+
+def _parse_maddr(addr: str) -> Multiaddr:
+    """Multiaddr string -> Multiaddr without its /p2p/<id> tail (p2pd's connect wants bare addresses)."""
+    try:
+        return Multiaddr(addr.split("/p2p/", 1)[0])
+    except Exception as e:  # multiaddr raises several exception types on malformed input
+        raise ProtocolError(f"malformed multiaddr {addr!r}") from e

@@ -1,0 +1,475 @@
+"""Every frame of the peer stream protocol: encode to bytes, decode with full validation.
+
+A frame body (the transport adds its own length framing around it) is:
+
+    [generation: u8][header_len: u16 big-endian][msgpack header: map][tensor bytes]
+
+The generation byte comes first and is checked before anything else, so a peer of another
+protocol generation is refused with a clear `ProtocolError` whatever its header looks like (fail
+closed). The header is a msgpack map with `"k"` (the frame kind) and the kind's fields, no more and
+no fewer (any change to a frame bumps `PROTOCOL_GENERATION`). Frames that carry a tensor give its
+`"dtype"` ("f32" or "f16", little-endian) and `"shape"` [rows, cols] in the header; the bytes
+after the header are exactly rows * cols * itemsize of row-major data.
+
+Size line: a decode step moves one `Forward` (client → peer) or `Hidden` (peer → client) frame of
+4·n_embd tensor bytes + about 70-90 B of prefix and header (measured: Forward 80-88 B, Hidden 68 B):
+for SmolLM2 (n_embd 576) 2304 B + ~85 B; for Qwen2.5 0.5B (n_embd 896) 3584 B + ~85 B; at
+n_embd 2048, 8 KiB + ~85 B per token per hop. The last span answers with a `Token` frame of
+about 85 B + 15 B per top log-prob. Encode + decode of a [1, 896] f32 Forward: ~8.5 µs.
+
+Decoding never raises anything but `swarm.errors.ProtocolError`: garbage, truncated or oversized
+bytes, unknown kinds, missing, extra or mistyped fields, out-of-range values and tensor sizes that
+do not match their shape are all refused. Decoded tensors are read-only `np.frombuffer` views of
+the input bytes (no copy).
+
+This module does not: frame messages on a socket, do I/O, or define DHT records (see swarm/dht/).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import msgpack
+import numpy as np
+
+from swarm.errors import ProtocolError, RequestError
+from swarm.limits import MAX_CONTEXT_TOKENS
+from swarm.sampling import MAX_TOP_LOGPROBS, SamplingParams
+
+PROTOCOL_GENERATION = 1
+"""Version of every frame below; a peer refuses frames of any other generation."""
+
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+"""Largest frame body accepted (header + tensor); clients chunk bigger prefills."""
+
+MAX_HEADER_BYTES = 4096
+"""Largest msgpack header accepted."""
+
+MAX_HIDDEN = 65_536
+"""Largest hidden size (tensor columns) of a hidden-state frame."""
+
+MAX_VOCAB = 1 << 20
+"""Largest vocabulary (tensor columns) of a logits tensor."""
+
+MAX_LAYERS = 4096
+"""Largest global layer index + 1 a span may name."""
+
+MAX_ID_CHARS = 128
+"""Longest peer id / model id string."""
+
+MAX_MESSAGE_CHARS = 1000
+"""Error messages are cut to this many characters."""
+
+SESSION_ID_BYTES = 16
+
+_PREFIX = struct.Struct(">BH")
+_DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
+_DTYPE_NAMES = {np.dtype("float32"): "f32", np.dtype("float16"): "f16"}
+_U64 = 2**64 - 1
+_I32 = 2**31 - 1
+
+
+class ErrorCode(str, enum.Enum):
+    """Why a peer refused a request; sent in an `Error` frame."""
+
+    BUSY = "busy"
+    BAD_REQUEST = "bad_request"
+    NOT_FOUND = "not_found"
+    FORBIDDEN = "forbidden"
+    INTERNAL = "internal"
+    SHUTTING_DOWN = "shutting_down"
+    PROTOCOL = "protocol"
+
+
+# ---- field checks: each raises ProtocolError naming the field ------------------------------------
+
+
+def _int(name: str, v: Any, lo: int, hi: int) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise ProtocolError(f"field {name!r} must be an integer in [{lo}, {hi}], got {v!r:.80}")
+    return v
+
+
+def _float(name: str, v: Any, lo: float, hi: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or not lo <= v <= hi:
+        raise ProtocolError(f"field {name!r} must be a number in [{lo}, {hi}], got {v!r:.80}")
+    return float(v)
+
+
+def _bool(name: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ProtocolError(f"field {name!r} must be a boolean, got {v!r:.80}")
+    return v
+
+
+def _str(name: str, v: Any, max_chars: int) -> str:
+    if not isinstance(v, str) or len(v) > max_chars:
+        raise ProtocolError(f"field {name!r} must be a string of at most {max_chars} chars")
+    return v
+
+
+def _tensor(name: str, v: Any, max_cols: int) -> np.ndarray:
+    """Check a `[rows, cols]` f32/f16 array; rows >= 1, 1 <= cols <= max_cols."""
+    if not isinstance(v, np.ndarray) or v.ndim != 2 or v.dtype not in _DTYPE_NAMES:
+        raise ProtocolError(f"field {name!r} must be a 2-D float32 or float16 array")
+    if v.shape[0] < 1 or not 1 <= v.shape[1] <= max_cols:
+        raise ProtocolError(f"field {name!r} has bad shape {v.shape} (rows >= 1, 1 <= cols <= {max_cols})")
+    return v
+
+
+# ---- frames ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Open:
+    """Client → peer, first frame of a stream: open a session on the peer's span.
+
+    Attributes:
+        session_id: 16 random bytes chosen by the client.
+        client_id: the client's peer id (owner of the session).
+        model_id: hex digest naming the model (see swarm/manifest.py).
+        start, end: global layer span the client expects this peer to run, half-open.
+        max_tokens: session length (prompt + generated) to reserve, 1..MAX_CONTEXT_TOKENS.
+        sampling: sampling parameters, used only by the last span.
+    """
+
+    session_id: bytes
+    client_id: str
+    model_id: str
+    start: int
+    end: int
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.session_id, bytes) or len(self.session_id) != SESSION_ID_BYTES:
+            raise ProtocolError(f"field 'session_id' must be {SESSION_ID_BYTES} bytes")
+        _str("client_id", self.client_id, MAX_ID_CHARS)
+        _str("model_id", self.model_id, MAX_ID_CHARS)
+        if not self.model_id or any(c not in "0123456789abcdef" for c in self.model_id):
+            raise ProtocolError("field 'model_id' must be a non-empty lowercase hex string")
+        _int("start", self.start, 0, MAX_LAYERS - 1)
+        _int("end", self.end, self.start + 1, MAX_LAYERS)
+        _int("max_tokens", self.max_tokens, 1, MAX_CONTEXT_TOKENS)
+        if not isinstance(self.sampling, SamplingParams):
+            raise ProtocolError("field 'sampling' must be SamplingParams")
+
+
+@dataclass(frozen=True)
+class OpenOk:
+    """Peer → client: the session is open with `reserved_tokens` of KV cache."""
+
+    reserved_tokens: int
+
+    def __post_init__(self) -> None:
+        _int("reserved_tokens", self.reserved_tokens, 1, MAX_CONTEXT_TOKENS)
+
+
+@dataclass(frozen=True)
+class Error:
+    """Peer → client: the request failed; `message` is cut to MAX_MESSAGE_CHARS on construction."""
+
+    code: ErrorCode
+    message: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.code, ErrorCode):
+            raise ProtocolError(f"field 'code' must be an ErrorCode, got {self.code!r:.80}")
+        if not isinstance(self.message, str):
+            raise ProtocolError("field 'message' must be a string")
+        object.__setattr__(self, "message", self.message[:MAX_MESSAGE_CHARS])
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Client → peer: run the span on hidden states for positions [pos0, pos0 + n_tokens).
+
+    Attributes:
+        step: client step counter (echoed in the reply), 0..2**64-1.
+        pos0: position of the first row in the session.
+        hidden: `[n_tokens, n_embd]` float32 or float16 hidden states (residual stream).
+        sample: last span only: sample the last row's logits and reply with `Token`.
+        want_logits: last span only: also return the last row's logits in `Token.logits`.
+        all_logits: with want_logits, return the logits of every row instead of only the last.
+    """
+
+    step: int
+    pos0: int
+    hidden: np.ndarray
+    sample: bool = False
+    want_logits: bool = False
+    all_logits: bool = False
+
+    def __post_init__(self) -> None:
+        _int("step", self.step, 0, _U64)
+        _tensor("hidden", self.hidden, MAX_HIDDEN)
+        _int("pos0", self.pos0, 0, MAX_CONTEXT_TOKENS - self.hidden.shape[0])
+        _bool("sample", self.sample)
+        _bool("want_logits", self.want_logits)
+        if _bool("all_logits", self.all_logits) and not self.want_logits:
+            raise ProtocolError("field 'all_logits' needs 'want_logits'")
+
+    @property
+    def n_tokens(self) -> int:
+        """Number of rows (tokens) in `hidden`."""
+        return int(self.hidden.shape[0])
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """Peer → client: `[n_tokens, n_embd]` hidden states after the span, and compute time in ms."""
+
+    step: int
+    hidden: np.ndarray
+    compute_ms: float
+
+    def __post_init__(self) -> None:
+        _int("step", self.step, 0, _U64)
+        _tensor("hidden", self.hidden, MAX_HIDDEN)
+        _float("compute_ms", self.compute_ms, 0.0, 1e9)
+
+
+@dataclass(frozen=True)
+class Token:
+    """Last peer → client: the sampled token of a step.
+
+    Attributes:
+        step: the step of the `Forward` this answers.
+        token: sampled token id.
+        logprob: its natural-log probability (<= 0, may be -inf).
+        top: up to MAX_TOP_LOGPROBS (token id, logprob) pairs.
+        compute_ms: span compute time in ms.
+        logits: `[rows, n_vocab]` float32 when the client asked (want_logits), else None.
+    """
+
+    step: int
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    compute_ms: float
+    logits: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        _int("step", self.step, 0, _U64)
+        _int("token", self.token, 0, MAX_VOCAB - 1)
+        _float("logprob", self.logprob, -math.inf, 0.0)
+        if not isinstance(self.top, tuple) or len(self.top) > MAX_TOP_LOGPROBS:
+            raise ProtocolError(f"field 'top' must be a tuple of at most {MAX_TOP_LOGPROBS} pairs")
+        for pair in self.top:
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise ProtocolError("field 'top' must hold (token id, logprob) pairs")
+            _int("top.id", pair[0], 0, MAX_VOCAB - 1)
+            _float("top.logprob", pair[1], -math.inf, 0.0)
+        _float("compute_ms", self.compute_ms, 0.0, 1e9)
+        if self.logits is not None:
+            _tensor("logits", self.logits, MAX_VOCAB)
+
+
+@dataclass(frozen=True)
+class Truncate:
+    """Client → peer: roll the session back so that its next position is `pos`."""
+
+    pos: int
+
+    def __post_init__(self) -> None:
+        _int("pos", self.pos, 0, MAX_CONTEXT_TOKENS)
+
+
+@dataclass(frozen=True)
+class Close:
+    """Client → peer: release the session; the stream ends."""
+
+
+Frame = Union[Open, OpenOk, Error, Forward, Hidden, Token, Truncate, Close]
+
+_KINDS: dict[type, str] = {
+    Open: "open", OpenOk: "open_ok", Error: "error", Forward: "forward",
+    Hidden: "hidden", Token: "token", Truncate: "truncate", Close: "close",
+}
+_FIELDS: dict[str, frozenset[str]] = {
+    "open": frozenset({"session_id", "client_id", "model_id", "start", "end", "max_tokens", "sampling"}),
+    "open_ok": frozenset({"reserved_tokens"}),
+    "error": frozenset({"code", "message"}),
+    "forward": frozenset({"step", "pos0", "sample", "want_logits", "all_logits", "dtype", "shape"}),
+    "hidden": frozenset({"step", "compute_ms", "dtype", "shape"}),
+    "token": frozenset({"step", "token", "logprob", "top", "compute_ms", "dtype", "shape"}),
+    "truncate": frozenset({"pos"}),
+    "close": frozenset(),
+}
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "n_top_logprobs")
+
+
+# ---- encode ---------------------------------------------------------------------------------------
+
+
+def _header(frame: Frame) -> tuple[dict[str, Any], np.ndarray | None]:
+    """The header map (without "k") and the tensor, if any, of a frame."""
+    if isinstance(frame, Open):
+        s = frame.sampling
+        return {
+            "session_id": frame.session_id, "client_id": frame.client_id, "model_id": frame.model_id,
+            "start": frame.start, "end": frame.end, "max_tokens": frame.max_tokens,
+            "sampling": {name: getattr(s, name) for name in _SAMPLING_FIELDS},
+        }, None
+    if isinstance(frame, OpenOk):
+        return {"reserved_tokens": frame.reserved_tokens}, None
+    if isinstance(frame, Error):
+        return {"code": frame.code.value, "message": frame.message}, None
+    if isinstance(frame, Forward):
+        return {"step": frame.step, "pos0": frame.pos0, "sample": frame.sample,
+                "want_logits": frame.want_logits, "all_logits": frame.all_logits}, frame.hidden
+    if isinstance(frame, Hidden):
+        return {"step": frame.step, "compute_ms": frame.compute_ms}, frame.hidden
+    if isinstance(frame, Token):
+        return {"step": frame.step, "token": frame.token, "logprob": frame.logprob,
+                "top": [list(p) for p in frame.top], "compute_ms": frame.compute_ms}, frame.logits
+    if isinstance(frame, Truncate):
+        return {"pos": frame.pos}, None
+    return {}, None
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """Serialize one frame to a body: generation byte, header length, msgpack header, tensor bytes.
+
+    Args:
+        frame: any frame dataclass of this module (already validated on construction).
+    Returns:
+        bytes: the frame body, at most MAX_FRAME_BYTES.
+    Raises:
+        ProtocolError: not a frame, or the header or whole body exceeds its size bound.
+    """
+    kind = _KINDS.get(type(frame))
+    if kind is None:
+        raise ProtocolError(f"not a frame: {type(frame).__name__}")
+    header, tensor = _header(frame)
+    header["k"] = kind
+    payload = b""
+    if tensor is not None:
+        header["dtype"] = _DTYPE_NAMES[tensor.dtype]
+        header["shape"] = [int(tensor.shape[0]), int(tensor.shape[1])]
+        payload = np.ascontiguousarray(tensor, dtype=_DTYPES[header["dtype"]]).tobytes()
+    elif kind == "token":
+        header["dtype"] = None
+        header["shape"] = None
+    packed = msgpack.packb(header, use_bin_type=True)
+    if len(packed) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"{kind} header is {len(packed)} B, over MAX_HEADER_BYTES {MAX_HEADER_BYTES}")
+    size = _PREFIX.size + len(packed) + len(payload)
+    if size > MAX_FRAME_BYTES:
+        raise ProtocolError(f"{kind} frame is {size} B, over MAX_FRAME_BYTES {MAX_FRAME_BYTES}")
+    return b"".join((_PREFIX.pack(PROTOCOL_GENERATION, len(packed)), packed, payload))
+
+
+# ---- decode ---------------------------------------------------------------------------------------
+
+
+def _decode_tensor(h: dict[str, Any], payload: memoryview, max_cols: int) -> np.ndarray:
+    dtype = _DTYPES.get(h["dtype"]) if isinstance(h["dtype"], str) else None
+    if dtype is None:
+        raise ProtocolError(f"field 'dtype' must be one of {sorted(_DTYPES)}, got {h['dtype']!r:.40}")
+    shape = h["shape"]
+    if not isinstance(shape, list) or len(shape) != 2:
+        raise ProtocolError("field 'shape' must be [rows, cols]")
+    rows = _int("shape[0]", shape[0], 1, MAX_FRAME_BYTES)
+    cols = _int("shape[1]", shape[1], 1, max_cols)
+    if rows * cols * dtype.itemsize != len(payload):
+        raise ProtocolError(
+            f"tensor of shape [{rows}, {cols}] {h['dtype']} needs {rows * cols * dtype.itemsize} B, "
+            f"frame carries {len(payload)} B"
+        )
+    return np.frombuffer(payload, dtype=dtype).reshape(rows, cols)
+
+
+def _no_payload(kind: str, payload: memoryview) -> None:
+    if len(payload):
+        raise ProtocolError(f"{kind} frame carries {len(payload)} unexpected tensor bytes")
+
+
+def _decode_sampling(v: Any) -> SamplingParams:
+    if not isinstance(v, dict) or set(v) != set(_SAMPLING_FIELDS):
+        raise ProtocolError(f"field 'sampling' must be a map with exactly {list(_SAMPLING_FIELDS)}")
+    try:
+        return SamplingParams(**v)
+    except RequestError as err:
+        raise ProtocolError(f"field 'sampling': {err}") from None
+
+
+def _build(kind: str, h: dict[str, Any], payload: memoryview) -> Frame:
+    if kind == "forward":
+        return Forward(step=h["step"], pos0=h["pos0"], hidden=_decode_tensor(h, payload, MAX_HIDDEN),
+                       sample=h["sample"], want_logits=h["want_logits"], all_logits=h["all_logits"])
+    if kind == "hidden":
+        hidden = _decode_tensor(h, payload, MAX_HIDDEN)
+        return Hidden(step=h["step"], hidden=hidden, compute_ms=h["compute_ms"])
+    if kind == "token":
+        logits = None
+        if h["dtype"] is not None or h["shape"] is not None:
+            logits = _decode_tensor(h, payload, MAX_VOCAB)
+        else:
+            _no_payload(kind, payload)
+        top = h["top"]
+        if not isinstance(top, list) or not all(isinstance(p, list) for p in top):
+            raise ProtocolError("field 'top' must be a list of [token id, logprob] pairs")
+        return Token(step=h["step"], token=h["token"], logprob=h["logprob"],
+                     top=tuple(tuple(p) for p in top), compute_ms=h["compute_ms"], logits=logits)
+    _no_payload(kind, payload)
+    if kind == "open":
+        return Open(session_id=h["session_id"], client_id=h["client_id"], model_id=h["model_id"],
+                    start=h["start"], end=h["end"], max_tokens=h["max_tokens"],
+                    sampling=_decode_sampling(h["sampling"]))
+    if kind == "open_ok":
+        return OpenOk(reserved_tokens=h["reserved_tokens"])
+    if kind == "error":
+        try:
+            code = ErrorCode(h["code"])
+        except (ValueError, TypeError):
+            raise ProtocolError(f"unknown error code {h['code']!r:.40}") from None
+        return Error(code=code, message=_str("message", h["message"], MAX_MESSAGE_CHARS))
+    if kind == "truncate":
+        return Truncate(pos=h["pos"])
+    return Close()
+
+
+def decode_frame(data: bytes | bytearray | memoryview) -> Frame:
+    """Parse and validate one frame body.
+
+    Args:
+        data: a whole frame body as produced by `encode_frame`.
+    Returns:
+        Frame: the frame dataclass; tensors are views into `data` (read-only when data is bytes).
+    Raises:
+        ProtocolError: wrong generation, oversized, truncated, malformed msgpack, unknown kind,
+            missing/extra/mistyped/out-of-range fields, or tensor bytes not matching the shape.
+            No other exception type escapes.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"frame must be bytes, got {type(data).__name__}")
+    view = memoryview(data).cast("B")
+    if len(view) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {len(view)} B is over MAX_FRAME_BYTES {MAX_FRAME_BYTES}")
+    if len(view) < _PREFIX.size:
+        raise ProtocolError(f"frame of {len(view)} B is too short")
+    generation, header_len = _PREFIX.unpack_from(view)
+    if generation != PROTOCOL_GENERATION:
+        raise ProtocolError(
+            f"peer speaks protocol generation {generation}, this one speaks {PROTOCOL_GENERATION}"
+        )
+    if header_len > MAX_HEADER_BYTES or _PREFIX.size + header_len > len(view):
+        raise ProtocolError(f"header length {header_len} is over the bound or past the end of the frame")
+    try:
+        h = msgpack.unpackb(view[_PREFIX.size:_PREFIX.size + header_len], raw=False,
+                            strict_map_key=True)
+    except Exception as err:  # msgpack raises many types (ValueError, ExtraData, StackError, ...)
+        raise ProtocolError(f"malformed frame header: {type(err).__name__}") from None
+    if not isinstance(h, dict):
+        raise ProtocolError("frame header must be a map")
+    kind = h.pop("k", None)
+    if not isinstance(kind, str) or kind not in _FIELDS:
+        raise ProtocolError(f"unknown frame kind {kind!r:.40}")
+    if set(h) != _FIELDS[kind]:
+        raise ProtocolError(f"{kind} frame fields {sorted(map(str, h))} != {sorted(_FIELDS[kind])}")
+    return _build(kind, h, view[_PREFIX.size + header_len:])

@@ -1,0 +1,301 @@
+"""Real hivemind DHT nodes (each its own process and p2pd) on 127.0.0.1: announce, read, withdraw,
+expire, reject forged records, persistent identity."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import hivemind
+import pytest
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.utils import get_dht_time
+
+from swarm.dht.identity import IdentityError, load_or_create_identity
+from swarm.dht.node import DHTError, SwarmDHT
+from swarm.dht.records import ANNOUNCE_SUBKEY_TAG, Announcement, announcements_key, encode_announcement
+from swarm.errors import ProtocolError
+
+MODEL = "c0ffee" * 8
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def nodes(loop, tmp_path_factory):
+    """A bootstraps; B and C join through A's multiaddrs."""
+
+    async def start():
+        a = await SwarmDHT.start(data_dir=tmp_path_factory.mktemp("a"))
+        b = await SwarmDHT.start(a.visible_maddrs(), data_dir=tmp_path_factory.mktemp("b"))
+        c = await SwarmDHT.start(a.visible_maddrs(), data_dir=tmp_path_factory.mktemp("c"))
+        return a, b, c
+
+    started = loop.run_until_complete(start())
+    yield started
+    for node in reversed(started):
+        loop.run_until_complete(node.shutdown())
+
+
+def poll(loop, probe, deadline_s: float = 15.0):
+    """Run coroutine factory `probe` until it returns a truthy value or the deadline passes."""
+    end = time.monotonic() + deadline_s
+    while True:
+        result = loop.run_until_complete(probe())
+        if result or time.monotonic() > end:
+            return result
+        loop.run_until_complete(asyncio.sleep(0.05))
+
+
+def announcement(node: SwarmDHT, model_id: str = MODEL, **changes) -> Announcement:
+    ann = Announcement(
+        peer_id=node.peer_id, addrs=tuple(node.visible_maddrs()), model_id=model_id, start=10, end=20,
+        decode_steps_per_s=150.25, prefill_tokens_per_s=480.5, free_cache_tokens=32768, max_sessions=4,
+        sessions_free=3, version="0.1.0", protocol=1, public_name="bob", expires_at=0.0,
+    )
+    return dataclasses.replace(ann, **changes)
+
+
+def test_maddrs_name_the_peer(nodes):
+    a, b, _ = nodes
+    assert a.peer_id != b.peer_id
+    for node in nodes:
+        assert node.visible_maddrs()
+        assert all(m.startswith("/ip4/127.0.0.1/tcp/") and m.endswith(f"/p2p/{node.peer_id}")
+                   for m in node.visible_maddrs())
+
+
+def test_announce_read_back_withdraw(loop, nodes):
+    _, b, c = nodes
+    model = "a1" * 16
+    stored = loop.run_until_complete(b.announce(announcement(b, model), expiration_s=60))
+    assert stored.expires_at == pytest.approx(get_dht_time() + 60, abs=5)
+    assert poll(loop, lambda: c.get_announcements(model)) == [stored]  # every field equal
+    assert loop.run_until_complete(c.get_announcements("b2" * 16)) == []
+
+    loop.run_until_complete(b.withdraw(model))
+    assert poll(loop, lambda: _absent(c, model)) is True
+
+    # coming back right after a withdrawal: the new record must outlive the tombstone to win
+    again = loop.run_until_complete(b.announce(announcement(b, model, sessions_free=2), expiration_s=60))
+    assert poll(loop, lambda: _only(c, model, again)) is True
+
+
+def test_announce_after_restart_overrides_a_later_record_from_the_previous_run(loop, nodes):
+    """A restarted peer does not remember its earlier records; announce must still win over them."""
+    _, b, c = nodes
+    model = "a2" * 16
+    loop.run_until_complete(b.announce(announcement(b, model), expiration_s=120))
+    b._last_expiration.clear()  # what a restart with the same identity forgets
+    fresh = loop.run_until_complete(b.announce(announcement(b, model, sessions_free=0), expiration_s=5))
+    assert fresh.expires_at > get_dht_time() + 100  # placed just after the previous run's record
+    assert poll(loop, lambda: _only(c, model, fresh)) is True
+
+
+async def _absent(node: SwarmDHT, model_id: str) -> bool:
+    return await node.get_announcements(model_id) == []
+
+
+def test_refresh_replaces_the_same_peers_record(loop, nodes):
+    _, b, c = nodes
+    model = "a3" * 16
+    loop.run_until_complete(b.announce(announcement(b, model, sessions_free=3), expiration_s=60))
+    second = loop.run_until_complete(b.announce(announcement(b, model, sessions_free=1), expiration_s=60))
+    assert poll(loop, lambda: _only(c, model, second)) is True
+
+
+async def _only(node: SwarmDHT, model_id: str, ann: Announcement) -> bool:
+    return await node.get_announcements(model_id) == [ann]
+
+
+def test_two_peers_both_listed_in_layer_order(loop, nodes):
+    a, b, c = nodes
+    model = "a4" * 16
+    ann_b = loop.run_until_complete(b.announce(announcement(b, model, start=10, end=20), 60))
+    ann_a = loop.run_until_complete(a.announce(announcement(a, model, start=0, end=10), 60))
+    assert poll(loop, lambda: _only_list(c, model, [ann_a, ann_b])) is True
+
+
+async def _only_list(node: SwarmDHT, model_id: str, anns: list[Announcement]) -> bool:
+    return await node.get_announcements(model_id) == anns
+
+
+def test_record_expires(loop, nodes):
+    _, b, c = nodes
+    model = "a5" * 16
+    stored = loop.run_until_complete(b.announce(announcement(b, model), expiration_s=1.5))
+    assert loop.run_until_complete(c.get_announcements(model)) == [stored]
+    assert poll(loop, lambda: _absent(c, model), deadline_s=10) is True
+    assert get_dht_time() >= stored.expires_at
+
+
+def test_client_mode_node_reads_announcements(loop, nodes, tmp_path):
+    a, b, _ = nodes
+    model = "a8" * 16
+    stored = loop.run_until_complete(b.announce(announcement(b, model), expiration_s=60))
+
+    async def read_as_client() -> list[Announcement]:
+        client = await SwarmDHT.start(a.visible_maddrs(), data_dir=tmp_path / "client", client_mode=True)
+        try:
+            return await client.get_announcements(model)
+        finally:
+            await client.shutdown()
+
+    assert loop.run_until_complete(read_as_client()) == [stored]
+
+
+def test_lone_node_announces_to_itself(loop, tmp_path):
+    async def run() -> tuple[Announcement, list[Announcement]]:
+        node = await SwarmDHT.start(data_dir=tmp_path / "lone")
+        try:
+            stored = await node.announce(announcement(node, start=0, end=30), expiration_s=30)
+            return stored, await node.get_announcements(MODEL)
+        finally:
+            await node.shutdown()
+
+    stored, found = loop.run_until_complete(run())
+    assert found == [stored]
+
+
+def test_announce_for_another_peer_id_is_refused_locally(loop, nodes):
+    _, b, c = nodes
+    with pytest.raises(ProtocolError):
+        loop.run_until_complete(b.announce(announcement(c), 60))
+
+
+def test_blobs_round_trip_and_erase(loop, nodes):
+    _, b, c = nodes
+    key = f"swarm/{'a6' * 16}/torrent"
+    loop.run_until_complete(b.store_blob(key, "infohash", b"\x11" * 32, 60))
+    blobs = poll(loop, lambda: c.get_blob(key))
+    assert [(x.name, x.owner_peer_id, x.value) for x in blobs] == [("infohash", b.peer_id, b"\x11" * 32)]
+    loop.run_until_complete(b.store_blob(key, "infohash", None, 60))
+    assert poll(loop, lambda: _no_blobs(c, key)) is True
+
+
+async def _no_blobs(node: SwarmDHT, key: str) -> bool:
+    return await node.get_blob(key) == []
+
+
+class _SignAnythingValidator(RSASignatureValidator):
+    """An attacker's signer: signs every record with its own key, whatever owner the subkey names."""
+
+    def sign_value(self, record):
+        signature = self._private_key.sign(self._serialize_record(record))
+        return record.value + self.SIGNATURE_FORMAT.replace(b"_value_", signature)
+
+
+def test_forged_unsigned_and_malformed_records_are_rejected(loop, nodes, tmp_path):
+    """A raw hivemind client (no swarm checks of its own) tries to plant bad records. Honest nodes refuse
+    them at store time (store returns False: client mode keeps nothing itself), and readers never see them;
+    the control record, well formed and signed by its own key, goes through."""
+    a, b, c = nodes
+    model = "a7" * 16
+    key = announcements_key(model)
+    attacker_id = load_or_create_identity(tmp_path / "attacker")
+    own = RSASignatureValidator(attacker_id.private_key)
+    b_marker = ANNOUNCE_SUBKEY_TAG + b._owner_marker
+    own_marker = ANNOUNCE_SUBKEY_TAG + own.local_public_key
+    ann_b = encode_announcement(announcement(b, model, expires_at=get_dht_time() + 60))
+    ann_own = encode_announcement(announcement(b, model, peer_id=attacker_id.peer_id,
+                                               expires_at=get_dht_time() + 60))
+    exp = get_dht_time() + 60
+
+    unsigned = hivemind.DHT(initial_peers=a.visible_maddrs(), start=True, client_mode=True)
+    forger = hivemind.DHT(initial_peers=a.visible_maddrs(), start=True, client_mode=True,
+                          record_validators=[_SignAnythingValidator(attacker_id.private_key)])
+    try:
+        # B's subkey, no signature at all
+        assert unsigned.store(key, ann_b, exp, subkey=b_marker) is False
+        # B's subkey, signed by the attacker's key
+        assert forger.store(key, ann_b, exp, subkey=b_marker) is False
+        # the attacker's own subkey, properly signed, but claiming B's peer id
+        assert forger.store(key, ann_b, exp, subkey=own_marker) is False
+        # the attacker's own subkey, properly signed, schema-malformed
+        assert forger.store(key, dict(ann_own, start=25, end=5), exp, subkey=own_marker) is False
+        assert forger.store(key, dict(ann_own, free_cache_tokens=-1), exp, subkey=own_marker) is False
+        assert loop.run_until_complete(c.get_announcements(model)) == []
+        # control: well formed, own key, own peer id
+        assert forger.store(key, ann_own, exp, subkey=own_marker) is True
+        assert [x.peer_id for x in poll(loop, lambda: c.get_announcements(model))] == [attacker_id.peer_id]
+    finally:
+        unsigned.shutdown()
+        forger.shutdown()
+
+
+def test_identity_persists_per_data_dir(loop, tmp_path):
+    async def peer_id_of(data_dir) -> str:
+        node = await SwarmDHT.start(data_dir=data_dir)
+        try:
+            return node.peer_id
+        finally:
+            await node.shutdown()
+
+    first = loop.run_until_complete(peer_id_of(tmp_path / "one"))
+    assert loop.run_until_complete(peer_id_of(tmp_path / "one")) == first
+    assert first == load_or_create_identity(tmp_path / "one").peer_id
+    assert loop.run_until_complete(peer_id_of(tmp_path / "two")) != first
+    assert oct((tmp_path / "one" / "identity.key").stat().st_mode & 0o777) == "0o600"
+
+
+def test_corrupt_identity_file_is_a_clear_error(tmp_path):
+    (tmp_path / "identity.key").write_bytes(b"\x08\x00\x12\x05junk!")
+    with pytest.raises(IdentityError):
+        load_or_create_identity(tmp_path)
+
+
+def test_same_identity_twice_online_is_refused(loop, nodes):
+    a, b, _ = nodes
+    with pytest.raises(DHTError):
+        loop.run_until_complete(SwarmDHT.start(a.visible_maddrs(), data_dir=b.identity.data_dir,
+                                               startup_timeout_s=20))
+
+
+@pytest.mark.parametrize("bootstrap", [
+    "/ip4/not-an-ip/tcp/1",
+    "/ip4/127.0.0.1/tcp/9/p2p/QmXnSzCJUSkzKWfNki6cn7BAEHCHDLi3YKf7faWJzqg9Fn",  # nobody listens there
+])
+def test_bad_bootstrap_address_is_a_clear_error(loop, tmp_path, bootstrap):
+    t0 = time.monotonic()
+    with pytest.raises(DHTError):
+        loop.run_until_complete(SwarmDHT.start([bootstrap], data_dir=tmp_path))
+    assert time.monotonic() - t0 < 30
+
+
+def test_run_dht_only_prints_maddrs_and_stops_on_sigterm(loop, tmp_path):
+    """`swarm dht` as a real subprocess: its printed multiaddr is joinable; SIGTERM exits cleanly."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    code = ("import sys; from swarm.dht.node import run_dht_only; "
+            "run_dht_only([], '127.0.0.1', 0, sys.argv[1])")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "dhtonly")], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        maddr = proc.stdout.readline().strip()
+        expected_id = load_or_create_identity(tmp_path / "dhtonly").peer_id
+        assert maddr.startswith("/ip4/127.0.0.1/tcp/") and maddr.endswith(f"/p2p/{expected_id}")
+
+        async def join_and_ping() -> float:
+            node = await SwarmDHT.start([maddr], data_dir=tmp_path / "joiner")
+            try:
+                return await node.transport.ping(expected_id, [maddr])
+            finally:
+                await node.shutdown()
+
+        assert loop.run_until_complete(join_and_ping()) > 0.0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

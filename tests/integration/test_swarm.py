@@ -1,0 +1,86 @@
+"""A real swarm on 127.0.0.1: `swarm serve` processes, the DHT, streams, and a client.
+
+The oracle for every output is llama-cpp-python's own whole-model greedy completion.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import llama_cpp
+import pytest
+
+from swarm import Client
+
+from peerproc import PeerSet
+
+PROMPT = "The three most important inventions of the twentieth century are"
+
+
+def oracle(path, prompt: str, n: int) -> str:
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=1, verbose=False)
+    return llm.create_completion(prompt, max_tokens=n, temperature=0.0)["choices"][0]["text"]
+
+
+def serve_args(path, layers: str, *extra: str) -> tuple[str, ...]:
+    return ("serve", "--model", str(path), "--layers", layers, "--threads", "1", "--cache-tokens", "4096", *extra)
+
+
+@pytest.fixture(scope="module")
+def smol_swarm(smollm2_path, tmp_path_factory):
+    """A first peer serving 0:10 plus peers for 10:20 and 20:30 of SmolLM2."""
+    ps = PeerSet(tmp_path_factory.mktemp("smol_swarm"))
+    first = ps.start("p0", *serve_args(smollm2_path, "0:10", "--new-swarm"))
+    ps.start("p1", *serve_args(smollm2_path, "10:20", "--initial-peers", first.maddrs[0]))
+    ps.start("p2", *serve_args(smollm2_path, "20:30", "--initial-peers", first.maddrs[0]))
+    yield ps
+    ps.stop_all()
+
+
+def test_three_span_route_matches_llama_cpp(smol_swarm, smollm2_path):
+    expected = oracle(smollm2_path, PROMPT, 32)
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs) as client:
+        got = client.generate(PROMPT, max_new_tokens=32)
+    assert got.text == expected
+    route = got.telemetry.route
+    assert [(h.start, h.end) for h in route] == [(0, 10), (10, 20), (20, 30)]
+    assert [h.peer_id for h in route] == [p.peer_id for p in smol_swarm.started]
+    n_prompt = got.telemetry.prompt_tokens
+    for hop in route:
+        assert hop.steps == 1 + 1 + 31  # open, one prefill chunk, then one step per decoded token
+        assert hop.compute_ms > 0
+    # Only hidden states cross the hops: a decode step sends [1, 576] float32 to every hop.
+    assert route[0].bytes_sent >= 4 * 576 * (n_prompt + 31)
+    assert route[-1].bytes_received < 200 * 32  # the last hop returns token ids, not logits or hidden states
+
+
+def test_two_clients_at_once_get_their_own_answers(smol_swarm, smollm2_path):
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    expected = [oracle(smollm2_path, p, 24) for p in prompts]
+    results: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs) as client:
+                results[i] = client.generate(prompts[i], max_new_tokens=24).text
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    assert [results[0], results[1]] == expected
+
+
+def test_qwen_in_two_spans(qwen_path, peers):
+    first = peers.start("q0", *serve_args(qwen_path, "0:12", "--new-swarm"))
+    peers.start("q1", *serve_args(qwen_path, "12:24", "--initial-peers", first.maddrs[0]))
+    expected = oracle(qwen_path, PROMPT, 32)
+    with Client(str(qwen_path), initial_peers=first.maddrs) as client:
+        got = client.generate(PROMPT, max_new_tokens=32)
+    assert got.text == expected
+    assert [(h.start, h.end) for h in got.telemetry.route] == [(0, 12), (12, 24)]

@@ -1,0 +1,139 @@
+"""Announcement codec bounds, and the store-time validator chain (signature + schema), without a network."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.validation import CompositeValidator, DHTRecord
+from hivemind.utils import MSGPackSerializer
+from hivemind.utils.crypto import RSAPrivateKey
+
+from swarm.dht.identity import peer_id_of_public_key
+from swarm.dht.records import (
+    ANNOUNCE_SUBKEY_TAG,
+    BLOB_SUBKEY_TAG,
+    MAX_ADDRS,
+    MAX_BLOB_BYTES,
+    MAX_LAYER,
+    Announcement,
+    decode_announcement,
+    encode_announcement,
+)
+from swarm.dht.validation import SwarmRecordValidator, check_announcement
+from swarm.errors import ProtocolError
+
+KEY = RSAPrivateKey()
+OTHER_KEY = RSAPrivateKey()
+PEER_ID = peer_id_of_public_key(KEY.get_public_key())
+
+
+def make_ann(**changes) -> Announcement:
+    ann = Announcement(
+        peer_id=PEER_ID, addrs=(f"/ip4/127.0.0.1/tcp/4001/p2p/{PEER_ID}",), model_id="0123456789abcdef" * 4,
+        start=3, end=17, decode_steps_per_s=120.5, prefill_tokens_per_s=900.0, free_cache_tokens=65536,
+        max_sessions=8, sessions_free=5, version="0.1.0", protocol=1, public_name="alice", expires_at=1.7e9,
+    )
+    return dataclasses.replace(ann, **changes)
+
+
+def test_round_trip_keeps_every_field():
+    ann = make_ann()
+    record = encode_announcement(ann)
+    assert MSGPackSerializer.loads(MSGPackSerializer.dumps(record)) == record
+    assert decode_announcement(MSGPackSerializer.loads(MSGPackSerializer.dumps(record))) == ann
+
+
+def test_unknown_fields_are_ignored():
+    record = encode_announcement(make_ann(public_name=None))
+    record["future_field"] = {"anything": [1, 2, 3]}
+    assert decode_announcement(record) == make_ann(public_name=None)
+
+
+@pytest.mark.parametrize(
+    "field, bad",
+    [
+        ("start", 17), ("start", 20), ("start", -1), ("end", MAX_LAYER + 1), ("start", 3.0), ("end", "17"),
+        ("decode_steps_per_s", 120), ("decode_steps_per_s", math.nan), ("prefill_tokens_per_s", -1.0),
+        ("decode_steps_per_s", math.inf), ("free_cache_tokens", -5), ("sessions_free", 9),
+        ("addrs", ["/ip4/1.2.3.4/tcp/1"] * (MAX_ADDRS + 1)), ("addrs", ["x" * 300]), ("addrs", "notalist"),
+        ("peer_id", "0OIl" * 10), ("peer_id", b"QmBytesNotStr" * 3), ("model_id", "XYZ"), ("model_id", "ab"),
+        ("version", "v" * 65), ("public_name", "n" * 65), ("protocol", True), ("expires_at", None),
+    ],
+)
+def test_out_of_bounds_or_wrong_type_is_dropped(field, bad):
+    record = encode_announcement(make_ann())
+    record[field] = bad
+    assert decode_announcement(record) is None
+
+
+@pytest.mark.parametrize("value", [None, [], "span", b"\x00", {"peer_id": PEER_ID}])
+def test_non_records_are_dropped(value):
+    assert decode_announcement(value) is None
+
+
+def test_missing_field_is_dropped():
+    record = encode_announcement(make_ann())
+    del record["end"]
+    assert decode_announcement(record) is None
+
+
+def test_encode_refuses_an_invalid_announcement():
+    with pytest.raises(ProtocolError):
+        encode_announcement(make_ann(start=5, end=5))
+
+
+def _signed_record(signer_key, subkey: bytes, value, *, marker_key=None) -> DHTRecord:
+    """Build the DHTRecord a node with `signer_key` would send; the subkey carries `marker_key`'s marker."""
+    marker = RSASignatureValidator(marker_key or signer_key).local_public_key
+    packed_subkey = MSGPackSerializer.dumps(subkey + marker)
+    record = DHTRecord(b"k" * 20, packed_subkey, MSGPackSerializer.dumps(value), 1e9)
+    signer = RSASignatureValidator(signer_key)
+    signed_by = signer._private_key.sign(signer._serialize_record(record))
+    return dataclasses.replace(record, value=record.value + b"[signature:" + signed_by + b"]")
+
+
+def chain() -> CompositeValidator:
+    return CompositeValidator([RSASignatureValidator(KEY), SwarmRecordValidator()])
+
+
+def test_validator_accepts_signed_well_formed_records_and_tombstones():
+    assert chain().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, encode_announcement(make_ann())))
+    assert chain().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, None))
+    assert chain().validate(_signed_record(KEY, BLOB_SUBKEY_TAG + b"infohash", b"\x01" * 32))
+
+
+def test_validator_rejects_forged_unsigned_malformed_and_impersonating_records():
+    good = encode_announcement(make_ann())
+    # signed by another key while the subkey names KEY's owner marker
+    assert not chain().validate(_signed_record(OTHER_KEY, ANNOUNCE_SUBKEY_TAG, good, marker_key=KEY))
+    # unsigned
+    unsigned = _signed_record(KEY, ANNOUNCE_SUBKEY_TAG, good)
+    unsigned = dataclasses.replace(unsigned, value=MSGPackSerializer.dumps(good))
+    assert not chain().validate(unsigned)
+    # schema-malformed, correctly signed
+    bad = dict(good, start=30)
+    assert not chain().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, bad))
+    # OTHER_KEY signs its own subkey correctly but claims KEY's peer id
+    assert not chain().validate(_signed_record(OTHER_KEY, ANNOUNCE_SUBKEY_TAG, good))
+    # a "span" subkey without an owner marker
+    plain = DHTRecord(b"k" * 20, MSGPackSerializer.dumps(b"span"), MSGPackSerializer.dumps(good), 1e9)
+    assert not chain().validate(plain)
+    # oversized blob
+    assert not chain().validate(_signed_record(KEY, BLOB_SUBKEY_TAG + b"x", b"\x00" * (MAX_BLOB_BYTES + 1)))
+
+
+def test_validator_leaves_foreign_records_alone():
+    plain = DHTRecord(b"k" * 20, MSGPackSerializer.dumps(b"other"), MSGPackSerializer.dumps([1, 2]), 1e9)
+    assert chain().validate(plain)
+
+
+def test_check_announcement_binds_peer_id_to_subkey_owner():
+    marker = RSASignatureValidator(KEY).local_public_key
+    other_marker = RSASignatureValidator(OTHER_KEY).local_public_key
+    record = encode_announcement(make_ann())
+    assert check_announcement(ANNOUNCE_SUBKEY_TAG + marker, record) == make_ann()
+    assert check_announcement(ANNOUNCE_SUBKEY_TAG + other_marker, record) is None
+    assert check_announcement(ANNOUNCE_SUBKEY_TAG + marker + other_marker, record) is None

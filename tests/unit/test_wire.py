@@ -1,0 +1,255 @@
+"""swarm.wire: round trips, every refusal, and a seeded fuzz of the decoder."""
+
+import random
+import struct
+
+import msgpack
+import numpy as np
+import pytest
+
+from swarm.errors import ProtocolError
+from swarm.sampling import SamplingParams
+from swarm.wire import (
+    MAX_FRAME_BYTES,
+    MAX_HEADER_BYTES,
+    MAX_MESSAGE_CHARS,
+    PROTOCOL_GENERATION,
+    Close,
+    Error,
+    ErrorCode,
+    Forward,
+    Hidden,
+    Open,
+    OpenOk,
+    Token,
+    Truncate,
+    decode_frame,
+    encode_frame,
+)
+
+RNG = np.random.default_rng(7)
+H576 = RNG.standard_normal((1, 576)).astype(np.float32)
+H_PREFILL = RNG.standard_normal((5, 896)).astype(np.float16)
+
+
+def _frames():
+    return [
+        Open(session_id=bytes(range(16)), client_id="12D3KooWclient", model_id="0123abcdef" * 6,
+             start=10, end=20, max_tokens=4096,
+             sampling=SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=2**63, n_top_logprobs=3)),
+        OpenOk(reserved_tokens=4096),
+        Error(code=ErrorCode.BUSY, message="no free session slot"),
+        Forward(step=0, pos0=0, hidden=H_PREFILL),
+        Forward(step=7, pos0=130, hidden=H576, sample=True, want_logits=True, all_logits=True),
+        Hidden(step=7, hidden=H576, compute_ms=1.25),
+        Token(step=7, token=42, logprob=-0.25, top=((42, -0.25), (7, -2.0)), compute_ms=0.5),
+        Token(step=8, token=0, logprob=float("-inf"), top=(), compute_ms=0.0,
+              logits=RNG.standard_normal((2, 100)).astype(np.float32)),
+        Truncate(pos=12),
+        Close(),
+    ]
+
+
+def _same(a, b):
+    assert type(a) is type(b)
+    for name in a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+        else:
+            assert x == y, name
+
+
+@pytest.mark.parametrize("frame", _frames(), ids=lambda f: type(f).__name__)
+def test_round_trip_preserves_every_field(frame):
+    _same(decode_frame(encode_frame(frame)), frame)
+
+
+def test_size_line_decode_frame_is_4_n_embd_plus_small_header():
+    body = encode_frame(Forward(step=123456, pos0=100_000, hidden=H576, sample=True))
+    assert 4 * 576 < len(body) <= 4 * 576 + 96
+
+
+def test_decoded_tensor_is_a_readonly_view_without_copy():
+    body = encode_frame(Hidden(step=1, hidden=H576, compute_ms=0.1))
+    frame = decode_frame(body)
+    assert not frame.hidden.flags.writeable
+    assert np.shares_memory(frame.hidden, np.frombuffer(body, dtype=np.uint8))
+
+
+def test_generation_mismatch_is_refused_before_the_header():
+    body = bytearray(encode_frame(Close()))
+    body[0] = PROTOCOL_GENERATION + 1
+    with pytest.raises(ProtocolError, match="generation 2"):
+        decode_frame(bytes(body))
+
+
+def _raw(header, payload=b"", generation=PROTOCOL_GENERATION):
+    packed = msgpack.packb(header, use_bin_type=True)
+    return struct.pack(">BH", generation, len(packed)) + packed + payload
+
+
+def _fwd_header(**over):
+    h = {"k": "forward", "step": 1, "pos0": 0, "sample": False, "want_logits": False,
+         "all_logits": False, "dtype": "f32", "shape": [1, 4]}
+    h.update(over)
+    return h
+
+
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        (b"", "too short"),
+        (b"\x01\x00", "too short"),
+        (struct.pack(">BH", 1, 50) + b"\x80", "past the end"),
+        (struct.pack(">BH", 1, MAX_HEADER_BYTES + 1) + bytes(MAX_HEADER_BYTES + 1), "over the bound"),
+        (struct.pack(">BH", 1, 1) + b"\xc1", "malformed"),
+        (_raw([1, 2]), "must be a map"),
+        (_raw({"k": "launch"}), "unknown frame kind"),
+        (_raw({"k": 5}), "unknown frame kind"),
+        (_raw({"k": "close", "extra": 1}), "fields"),
+        (_raw({"k": "truncate"}), "fields"),
+        (_raw({"k": "truncate", "pos": -1}), "'pos'"),
+        (_raw({"k": "truncate", "pos": True}), "'pos'"),
+        (_raw({"k": "truncate", "pos": 1.0}), "'pos'"),
+        (_raw({"k": "close"}, b"x"), "unexpected tensor bytes"),
+        (_raw({"k": "error", "code": "teapot", "message": "x"}), "unknown error code"),
+        (_raw({"k": "error", "code": [1], "message": "x"}), "unknown error code"),
+        (_raw({"k": "error", "code": "busy", "message": "x" * (MAX_MESSAGE_CHARS + 1)}), "'message'"),
+        (_raw(_fwd_header(), bytes(15)), "needs 16 B"),
+        (_raw(_fwd_header(), bytes(17)), "needs 16 B"),
+        (_raw(_fwd_header(dtype="f64"), bytes(32)), "'dtype'"),
+        (_raw(_fwd_header(dtype=None), bytes(16)), "'dtype'"),
+        (_raw(_fwd_header(shape=[4]), bytes(16)), "'shape'"),
+        (_raw(_fwd_header(shape=[0, 4]), b""), r"shape\[0\]"),
+        (_raw(_fwd_header(shape=[1, 70_000]), bytes(280_000)), r"shape\[1\]"),
+        (_raw(_fwd_header(shape=[2**40, 2**20]), b""), r"shape\[0\]"),
+        (_raw(_fwd_header(step=-1), bytes(16)), "'step'"),
+        (_raw(_fwd_header(sample=1), bytes(16)), "'sample'"),
+        (_raw(_fwd_header(all_logits=True), bytes(16)), "needs 'want_logits'"),
+        (_raw(_fwd_header(pos0=131_072), bytes(16)), "'pos0'"),
+        (_raw({"k": "hidden", "step": 1, "compute_ms": float("nan"), "dtype": "f32", "shape": [1, 4]},
+              bytes(16)), "'compute_ms'"),
+        (_raw({"k": "token", "step": 1, "token": 3, "logprob": 0.5, "top": [], "compute_ms": 1.0,
+               "dtype": None, "shape": None}), "'logprob'"),
+        (_raw({"k": "token", "step": 1, "token": 3, "logprob": -0.5, "top": [[1]], "compute_ms": 1.0,
+               "dtype": None, "shape": None}), "'top'"),
+        (_raw({"k": "token", "step": 1, "token": 3, "logprob": -0.5, "top": [[1, -0.1]] * 21,
+               "compute_ms": 1.0, "dtype": None, "shape": None}), "'top'"),
+        (_raw({"k": "open_ok", "reserved_tokens": 131_073}), "'reserved_tokens'"),
+    ],
+)
+def test_malformed_frames_raise_protocol_error(body, match):
+    with pytest.raises(ProtocolError, match=match):
+        decode_frame(body)
+
+
+def _open_header(**over):
+    h = {"k": "open", "session_id": bytes(16), "client_id": "c", "model_id": "ab", "start": 0, "end": 10,
+         "max_tokens": 10, "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0,
+                                        "n_top_logprobs": 0}}
+    h.update(over)
+    return h
+
+
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        ({"session_id": bytes(15)}, "session_id"),
+        ({"session_id": "0" * 16}, "session_id"),
+        ({"model_id": "XYZ"}, "hex"),
+        ({"model_id": ""}, "hex"),
+        ({"client_id": "c" * 129}, "client_id"),
+        ({"start": 10, "end": 10}, "'end'"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 131_073}, "max_tokens"),
+        ({"sampling": {"temperature": -1.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0}},
+         "temperature"),
+        ({"sampling": {"temperature": 0.0}}, "'sampling'"),
+        ({"sampling": [0.0, 1.0, 0, 0, 0]}, "'sampling'"),
+    ],
+)
+def test_open_validation(over, match):
+    with pytest.raises(ProtocolError, match=match):
+        decode_frame(_raw(_open_header(**over)))
+
+
+def test_oversized_frame_is_refused_without_parsing():
+    with pytest.raises(ProtocolError, match="MAX_FRAME_BYTES"):
+        decode_frame(bytes(MAX_FRAME_BYTES + 1))
+
+
+def test_encode_refuses_oversized_tensor():
+    big = np.zeros((MAX_FRAME_BYTES // (4 * 4096) + 1, 4096), np.float32)
+    with pytest.raises(ProtocolError, match="MAX_FRAME_BYTES"):
+        encode_frame(Hidden(step=0, hidden=big, compute_ms=0.0))
+
+
+def test_constructors_validate_tensors():
+    with pytest.raises(ProtocolError, match="float32 or float16"):
+        Hidden(step=0, hidden=np.zeros((1, 4), np.float64), compute_ms=0.0)
+    with pytest.raises(ProtocolError, match="2-D"):
+        Forward(step=0, pos0=0, hidden=np.zeros(4, np.float32))
+
+
+def test_error_message_is_cut_on_construction():
+    assert len(Error(code=ErrorCode.INTERNAL, message="x" * 5000).message) == MAX_MESSAGE_CHARS
+
+
+def test_fuzz_decoder_raises_only_protocol_error():
+    rng = random.Random(1234)
+    valid = [encode_frame(f) for f in _frames()]
+    decoded = 0
+    for i in range(6000):
+        if i % 3 == 0:
+            body = bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 64)))
+        else:
+            body = bytearray(rng.choice(valid))
+            for _ in range(rng.randrange(1, 6)):
+                op = rng.randrange(3)
+                pos = rng.randrange(len(body)) if body else 0
+                if op == 0 and body:
+                    body[pos] = rng.getrandbits(8)
+                elif op == 1:
+                    del body[pos:pos + rng.randrange(1, 8)]
+                else:
+                    body[pos:pos] = bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 8)))
+            body = bytes(body)
+        try:
+            frame = decode_frame(body)
+        except ProtocolError:
+            continue
+        decoded += 1
+        _same(decode_frame(encode_frame(frame)), frame)  # whatever decodes must re-encode cleanly
+    assert decoded < 6000
+
+
+def test_fuzz_header_fields_raise_only_protocol_error():
+    rng = random.Random(99)
+    pool = [None, True, False, -1, 0, 1, 2**31, 2**64 - 1, -(2**63), 0.5, -0.0, float("nan"), float("inf"),
+            "", "f32", "f16", "busy", "x" * 300, b"", bytes(16), [], [1], [1, 4], [0, 0], {}, {"a": 1},
+            msgpack.ExtType(5, b"x")]
+    valid = [encode_frame(f) for f in _frames()]
+    kinds_decoded = set()
+    for _ in range(4000):
+        body = rng.choice(valid)
+        hlen = struct.unpack_from(">H", body, 1)[0]
+        header = msgpack.unpackb(body[3:3 + hlen], raw=False)
+        payload = body[3 + hlen:]
+        for _ in range(rng.randrange(1, 3)):
+            if not header:
+                break
+            key = rng.choice(sorted(header))
+            if rng.random() < 0.1:
+                del header[key]
+            else:
+                header[key] = rng.choice(pool)
+        if rng.random() < 0.1:
+            payload = payload[: rng.randrange(len(payload) + 1)]
+        try:
+            frame = decode_frame(_raw(header, payload))
+        except ProtocolError:
+            continue
+        kinds_decoded.add(type(frame).__name__)
+        _same(decode_frame(encode_frame(frame)), frame)
+    assert kinds_decoded  # some mutations (e.g. a new step number) stay valid
