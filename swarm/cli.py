@@ -87,6 +87,14 @@ def _parser() -> argparse.ArgumentParser:
     _add_peer_args(d)
     d.set_defaults(func=_dht)
 
+    dm = sub.add_parser("demo", help="start a local swarm (a first peer + span peers), answer a prompt, stop it")
+    dm.add_argument("--model", default=DEFAULT_MODEL, help="NAME or PATH")
+    dm.add_argument("--spans", type=int, default=3, help="serving peers, each with a contiguous span")
+    dm.add_argument("--prompt", default="Name three planets of the solar system.")
+    dm.add_argument("--max-new-tokens", type=int, default=64)
+    dm.add_argument("--json", action="store_true", help="print text and telemetry as one JSON object")
+    dm.set_defaults(func=_demo)
+
     st = sub.add_parser("status", help="peers serving a model, their spans, and layer coverage")
     st.add_argument("--model", default=DEFAULT_MODEL, help="NAME or PATH of the model")
     st.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR")
@@ -128,6 +136,41 @@ def _dht(args) -> None:
     from swarm.dht.node import run_dht_only
 
     run_dht_only(args.initial_peers, args.host, args.port, args.data_dir)
+
+
+def _demo(args) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from swarm.client.api import Client
+    from swarm.localswarm import start_local_swarm
+    from swarm.manifest import build_manifest
+    from swarm.models import resolve_model
+
+    path = resolve_model(args.model, progress=True)
+    n_layers = build_manifest(path).n_layers
+    with tempfile.TemporaryDirectory(prefix="swarm-demo-") as root:
+        print(f"starting a local swarm: a first peer + {args.spans} peers serving {n_layers} layers", file=sys.stderr)
+        peers = start_local_swarm(Path(root), path, n_layers, args.spans)
+        try:
+            for p in peers.started[1:]:
+                print(f"  peer {p.peer_id[:16]}… ready", file=sys.stderr)
+            with Client(str(path), initial_peers=peers.started[0].maddrs) as client:
+                stream = client.chat_stream([{"role": "user", "content": args.prompt}],
+                                            max_new_tokens=args.max_new_tokens)
+                live = sys.stdout.isatty() and not args.json
+                for delta in stream:
+                    if live:
+                        print(delta, end="", flush=True)
+                result = stream.result
+            if args.json:
+                print(json.dumps({"text": result.text, "telemetry": result.telemetry.to_dict()}, ensure_ascii=False))
+            else:
+                print("" if live else result.text)
+                print(result.telemetry.summary(), file=sys.stderr)
+        finally:
+            peers.stop_all()
+    return 0
 
 
 def _status(args) -> None:

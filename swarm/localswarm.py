@@ -1,0 +1,143 @@
+"""A whole swarm on this machine: a first peer plus span peers as real `swarm` processes.
+
+Used by `swarm demo` (the README's main job), the integration tests and the benchmarks. Each peer
+is an ordinary `swarm dht` / `swarm serve` process with its own SWARM_HOME on 127.0.0.1; readiness
+is read from what the process prints (its multiaddrs on stdout, "serving layers" on stderr).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swarm.errors import SwarmError
+
+READY_S = 180.0
+"""How long a peer may take to load its span, measure itself and announce."""
+
+
+@dataclass
+class PeerProcess:
+    """One `swarm` peer process and what it printed.
+
+    Attributes:
+        proc: the process.
+        home: its SWARM_HOME, holding stdout.log and stderr.log.
+        maddrs: multiaddrs it printed (to join through).
+        peer_id: its libp2p peer id.
+    """
+
+    proc: subprocess.Popen
+    home: Path
+    maddrs: list[str] = field(default_factory=list)
+    peer_id: str = ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
+        """Signal the peer and wait for it to exit; returns its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def stderr_text(self) -> str:
+        """Everything the peer wrote to stderr so far."""
+        return (self.home / "stderr.log").read_text(errors="replace")
+
+
+def start_peer(root: Path, name: str, *args: str, ready_marker: str = "serving layers",
+               env: dict | None = None) -> PeerProcess:
+    """Start `swarm <args>` with SWARM_HOME=root/name and wait until it is ready.
+
+    Args:
+        root: directory for the peers' homes.
+        name: the peer's subdirectory.
+        args: `swarm` command line, e.g. ("serve", "--layers", "0:10", ...).
+        ready_marker: text on stderr that means ready; "" waits only for the multiaddrs.
+        env: extra environment variables.
+    Raises:
+        SwarmError: the process exited or was not ready within READY_S.
+    """
+    home = root / name
+    home.mkdir(parents=True, exist_ok=True)
+    out = open(home / "stdout.log", "w")
+    err = open(home / "stderr.log", "w")
+    full_env = {**os.environ, "SWARM_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "swarm.cli", *args], stdout=out, stderr=err,
+                            stdin=subprocess.DEVNULL, env=full_env)
+    peer = PeerProcess(proc, home)
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        maddrs = [ln for ln in (home / "stdout.log").read_text().splitlines() if ln.startswith("/ip4/")]
+        ready = ready_marker in peer.stderr_text() if ready_marker else bool(maddrs)
+        if maddrs and ready:
+            peer.maddrs = maddrs
+            peer.peer_id = maddrs[0].rsplit("/p2p/", 1)[1]
+            return peer
+        if proc.poll() is not None:
+            raise SwarmError(f"peer {name} exited with status {proc.returncode}: "
+                             f"{_last_line(peer.stderr_text())}")
+        time.sleep(0.1)
+    peer.stop(signal.SIGKILL)
+    raise SwarmError(f"peer {name} was not ready within {READY_S:.0f} s: {_last_line(peer.stderr_text())}")
+
+
+class PeerSet:
+    """Peers started under one directory, stopped together (last started, first stopped)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.started: list[PeerProcess] = []
+
+    def start(self, name: str, *args: str, ready_marker: str = "serving layers",
+              env: dict | None = None) -> PeerProcess:
+        """Start `swarm <args>` as peer `name` and wait until it is ready (see `start_peer`)."""
+        peer = start_peer(self.root, name, *args, ready_marker=ready_marker, env=env)
+        self.started.append(peer)
+        return peer
+
+    def stop_all(self) -> None:
+        """SIGTERM every peer and wait for each."""
+        for peer in reversed(self.started):
+            peer.stop()
+
+
+def even_spans(n_layers: int, n_spans: int) -> list[tuple[int, int]]:
+    """Cut [0, n_layers) into `n_spans` contiguous spans whose sizes differ by at most one."""
+    if not 1 <= n_spans <= n_layers:
+        raise SwarmError(f"cannot cut {n_layers} layers into {n_spans} spans")
+    bounds = [round(i * n_layers / n_spans) for i in range(n_spans + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def start_local_swarm(root: Path, model_path: Path, n_layers: int, n_spans: int, threads: int = 1,
+                      cache_tokens: int = 4096) -> PeerSet:
+    """A first DHT peer plus `n_spans` serving peers covering the model.
+
+    Raises:
+        SwarmError: a peer failed to start (the ones already started are stopped).
+    """
+    peers = PeerSet(root)
+    try:
+        first = peers.start("dht", "dht", ready_marker="")
+        for i, (a, b) in enumerate(even_spans(n_layers, n_spans)):
+            peers.start(f"span{i}", "serve", "--model", str(model_path), "--layers", f"{a}:{b}",
+                        "--threads", str(threads), "--cache-tokens", str(cache_tokens),
+                        "--initial-peers", first.maddrs[0])
+    except BaseException:
+        peers.stop_all()
+        raise
+    return peers
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "(no output)"
