@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 from gguf import GGUFReader, GGUFValueType
 
 from swarm.errors import ModelError, ProtocolError
-from swarm.models import check_gguf
+from swarm.models import cache_dir, check_gguf
 
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 16 << 20
@@ -139,7 +140,36 @@ class Manifest:
 
 
 def build_manifest(path: str | Path) -> Manifest:
-    """Read a local GGUF and build its manifest (hashes every tensor: ~0.3 s per 100 MB).
+    """The manifest of a local GGUF, from the manifest cache when the file is unchanged.
+
+    The cache (`$SWARM_MODELS/../manifests` beside the model cache) is keyed by the file's real
+    path, size and mtime; a cached manifest is re-read through `Manifest.from_bytes`, and any
+    problem with it falls back to hashing the file again.
+
+    Raises:
+        ModelError: missing file, not GGUF, or a GGUF the `gguf` package cannot parse.
+    """
+    path = check_gguf(Path(path))
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+    entry = cache_dir().parent / "manifests" / f"{key}.json"
+    try:
+        return Manifest.from_bytes(entry.read_bytes())
+    except (OSError, ProtocolError):
+        pass
+    manifest = read_manifest(path)
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = entry.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(manifest.to_bytes())
+        os.replace(tmp, entry)
+    except OSError:
+        pass  # a read-only cache only costs the hashing next time
+    return manifest
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    """Read a local GGUF and build its manifest, hashing every tensor (~0.3 s per 100 MB).
 
     Raises:
         ModelError: missing file, not GGUF, or a GGUF the `gguf` package cannot parse.

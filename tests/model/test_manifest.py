@@ -51,3 +51,17 @@ def test_manifest_that_does_not_hash_to_its_id_is_refused(smollm2_path):
         Manifest.from_bytes(data.replace(b'"n_layers":30', b'"n_layers":31'), m.model_id)
     with pytest.raises(ProtocolError):
         Manifest.from_bytes(b"\x00garbage", None)
+
+
+def test_manifest_cache_follows_file_changes(smollm2_path, tmp_path):
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(smollm2_path, copy)
+    first = build_manifest(copy)
+    assert build_manifest(copy) == first  # served from the cache
+    victim = first.tensor("output_norm.weight")
+    with open(copy, "r+b") as f:
+        f.seek(victim.offset)
+        f.write(b"\x00\x00\x80\x7f")
+    changed = build_manifest(copy)  # size unchanged, mtime changed: must be re-hashed
+    assert changed.tensor("output_norm.weight").sha256 != victim.sha256
+    assert changed.model_id != first.model_id
