@@ -70,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_chat)
 
     s = sub.add_parser("serve", help="serve a span of a model's layers to the swarm")
-    s.add_argument("--model", default=DEFAULT_MODEL, help="NAME or PATH of the model")
+    s.add_argument("--model", default=DEFAULT_MODEL,
+                   help="NAME or PATH (seeded whole), or a MODEL_ID (only the span is fetched from the swarm)")
     s.add_argument("--layers", type=_layers, default=None, metavar="A:B",
                    help="global layers [A, B) to serve (default: the span the swarm covers least)")
     s.add_argument("--max-layers", type=int, default=12, help="layer budget when --layers is not given")
@@ -87,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_peer_args(d)
     d.set_defaults(func=_dht)
 
+    pb = sub.add_parser("publish", help="seed a model file to the swarm and publish its manifest (foreground)")
+    pb.add_argument("model", metavar="NAME|PATH")
+    _add_peer_args(pb)
+    pb.add_argument("--new-swarm", action="store_true", help="start a new swarm (no --initial-peers)")
+    pb.set_defaults(func=_publish)
+
     dm = sub.add_parser("demo", help="start a local swarm (a first peer + span peers), answer a prompt, stop it")
     dm.add_argument("--model", default=DEFAULT_MODEL, help="NAME or PATH")
     dm.add_argument("--spans", type=int, default=3, help="serving peers, each with a contiguous span")
@@ -96,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     dm.set_defaults(func=_demo)
 
     st = sub.add_parser("status", help="peers serving a model, their spans, and layer coverage")
-    st.add_argument("--model", default=DEFAULT_MODEL, help="NAME or PATH of the model")
+    st.add_argument("--model", default=DEFAULT_MODEL, help="NAME, PATH or MODEL_ID of the model")
     st.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_status)
@@ -130,6 +137,14 @@ def _serve(args) -> None:
         port=args.port, data_dir=args.data_dir, max_sessions=args.max_sessions, cache_tokens=args.cache_tokens,
         n_threads=args.threads, max_layers=args.max_layers, announce_period_s=args.announce_period,
         public_name=args.public_name))
+
+
+def _publish(args) -> None:
+    from swarm.artifacts.publisher import run_publisher
+
+    if not args.initial_peers and not args.new_swarm:
+        raise SwarmError("pass --initial-peers MADDR to join a swarm, or --new-swarm to start one")
+    run_publisher(args.model, args.initial_peers, args.host, args.port, args.data_dir)
 
 
 def _dht(args) -> None:

@@ -141,6 +141,11 @@ def check_gguf(path: Path) -> Path:
     return path
 
 
+def is_model_id(model: str) -> bool:
+    """Whether `model` names a model by its model_id (64 lowercase hex) rather than a file or name."""
+    return len(model) == 64 and all(c in "0123456789abcdef" for c in model) and not Path(model).exists()
+
+
 def resolve_model(name_or_path: str, cache: str | os.PathLike | None = None, fetch: bool = True,
                   progress: bool = False) -> Path:
     """Turn a known model name or a `.gguf` path into a verified local file path.

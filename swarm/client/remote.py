@@ -19,9 +19,12 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from swarm.artifacts.distribute import acquire, client_ranges
+from swarm.artifacts.session import ArtifactSession, SessionConfig
 from swarm.client.generate import StepResult
 from swarm.client.telemetry import GenerationTelemetry, HopTelemetry
 from swarm.client.tokenizer import Tokenizer
@@ -31,7 +34,7 @@ from swarm.errors import Busy, NoRoute, ProtocolError, SwarmError
 from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.manifest import Manifest, build_manifest
-from swarm.models import resolve_model
+from swarm.models import cache_dir, is_model_id, resolve_model
 from swarm.p2p import PeerUnreachable, StreamSession
 from swarm.peer.handler import SPAN_PROTOCOL
 from swarm.route.plan import RoutePlan, plan_route
@@ -299,15 +302,36 @@ async def _close_all(hops: list[_Hop]) -> None:
 
 def connect_swarm(model: str, initial_peers: list[str], prefill_chunk_tokens: int = 256
                   ) -> tuple[Tokenizer, RemoteEngine]:
-    """Join the swarm for `model` (a known name or a local `.gguf`): tokenizer and engine.
+    """Join the swarm for `model`: tokenizer and engine.
 
+    Args:
+        model: a known name or local `.gguf` path, or a model_id: then the manifest comes from the
+            DHT and only the header (tokenizer) and `token_embd` are fetched from seeders, verified.
     Raises:
         ModelError: the model file cannot be found or read.
+        ArtifactError: (model_id) unknown model, no seeders, or bad bytes.
         SwarmError: the DHT could not be joined.
     """
-    path = resolve_model(model, progress=True)
-    manifest = build_manifest(path)
-    tokenizer = Tokenizer.from_gguf(path)
-    embedder = TokenEmbedder(path)
     conn = SwarmConnection(initial_peers)
+    try:
+        if is_model_id(model):
+            path, manifest = conn.loop.run(_fetch_client_artifacts(conn.dht, model))
+        else:
+            path = resolve_model(model, progress=True)
+            manifest = build_manifest(path)
+        tokenizer = Tokenizer.from_gguf(path)
+        embedder = TokenEmbedder(path)
+    except BaseException:
+        conn.close()
+        raise
     return tokenizer, RemoteEngine(conn, manifest, embedder, prefill_chunk_tokens)
+
+
+async def _fetch_client_artifacts(dht: SwarmDHT, model_id: str) -> tuple[Path, Manifest]:
+    artifacts = ArtifactSession(SessionConfig())
+    try:
+        dest = cache_dir().parent / "artifacts" / f"{model_id}.client.gguf"
+        path, manifest, _ = await acquire(dht, artifacts, model_id, dest, client_ranges)
+    finally:
+        await asyncio.to_thread(artifacts.close)
+    return path, manifest

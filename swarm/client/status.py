@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
+from swarm.artifacts.distribute import find_manifest
 from swarm.client.remote import SwarmConnection
 from swarm.dht.records import Announcement
 from swarm.manifest import build_manifest
-from swarm.models import resolve_model
+from swarm.models import is_model_id, resolve_model
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,12 @@ def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
     Raises:
         ModelError, SwarmError: model or DHT problems.
     """
-    manifest = build_manifest(resolve_model(model, progress=True))
     conn = SwarmConnection(initial_peers)
     try:
+        if is_model_id(model):
+            manifest = conn.loop.run(find_manifest(conn.dht, model), timeout_s=60)
+        else:
+            manifest = build_manifest(resolve_model(model, progress=True))
         peers = conn.announcements(manifest.model_id)
     finally:
         conn.close()

@@ -15,15 +15,19 @@ import sys
 import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
+from swarm.artifacts.distribute import acquire, find_manifest, publish, span_ranges
+from swarm.artifacts.session import ArtifactSession, SessionConfig
+from swarm.dht.identity import resolve_data_dir
 from swarm.dht.node import SwarmDHT
 from swarm.errors import SwarmError
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.sessions import SessionTable
 from swarm.manifest import Manifest, build_manifest
-from swarm.models import resolve_model
+from swarm.models import is_model_id, resolve_model
 from swarm.peer.announce import Announcer, Throughput
 from swarm.peer.handler import SPAN_PROTOCOL, SpanRuntime, handle_stream
 from swarm.route.placement import choose_span
@@ -41,7 +45,8 @@ class ServeConfig:
     """Options of `swarm serve`.
 
     Attributes:
-        model: known model name or `.gguf` path.
+        model: known model name, `.gguf` path (seeded whole), or a model_id (only the span's
+            tensors are fetched from the swarm).
         layers: (start, end) global half-open span, or None to pick the least-covered span.
         initial_peers: multiaddrs to join through; empty with new_swarm starts a swarm.
         host, port: libp2p listen address (port 0: any free port).
@@ -74,14 +79,13 @@ async def serve(cfg: ServeConfig, ready: asyncio.Event | None = None, stop: asyn
     Raises:
         SwarmError: the model, span or DHT could not be set up (before serving starts).
     """
-    path = resolve_model(cfg.model, progress=True)
-    manifest = build_manifest(path)
+    local_path = None if is_model_id(cfg.model) else resolve_model(cfg.model, progress=True)
     dht = await SwarmDHT.start(cfg.initial_peers, host=cfg.host, port=cfg.port, data_dir=cfg.data_dir)
+    artifacts = ArtifactSession(SessionConfig(listen_host=cfg.host))
     try:
         for maddr in dht.visible_maddrs():
             print(maddr, flush=True)
-        start, end = cfg.layers or await _choose_layers(dht, manifest, cfg.max_layers)
-        _check_span(manifest, start, end)
+        path, manifest, (start, end), publication = await _obtain_model(cfg, dht, artifacts, local_path)
         logger.info("loading layers [%d, %d) of %s", start, end, manifest.model_id[:16])
         executor = await asyncio.to_thread(
             SpanExecutor.for_span, path, start, end, n_ctx_tokens=cfg.cache_tokens,
@@ -97,13 +101,38 @@ async def serve(cfg: ServeConfig, ready: asyncio.Event | None = None, stop: asyn
         print(f"serving layers {start}:{end} of {manifest.model_id} as {dht.peer_id}", file=sys.stderr, flush=True)
         if ready is not None:
             ready.set()
-        await _run_until_stopped(announcer, stop)
+        seeding = asyncio.create_task(publication.refresh_forever(dht))
+        try:
+            await _run_until_stopped(announcer, stop)
+        finally:
+            seeding.cancel()
         await _shutdown(rt, announcer)
     finally:
+        await asyncio.to_thread(artifacts.close)
         try:
             await asyncio.wait_for(dht.shutdown(), SHUTDOWN_STEP_S)
         except asyncio.TimeoutError:
             logger.warning("the DHT node did not stop within %.0f s", SHUTDOWN_STEP_S)
+
+
+async def _obtain_model(cfg: ServeConfig, dht: SwarmDHT, artifacts: ArtifactSession, local_path: Path | None):
+    """The span's model file, its manifest, the span, and this peer's seeder publication.
+
+    A local file is seeded whole; a model_id is fetched from the swarm, only the span's bytes.
+    """
+    if local_path is not None:
+        manifest = build_manifest(local_path)
+        span = cfg.layers or await _choose_layers(dht, manifest, cfg.max_layers)
+        _check_span(manifest, *span)
+        return local_path, manifest, span, await publish(dht, artifacts, local_path, manifest)
+    manifest = await find_manifest(dht, cfg.model)
+    span = cfg.layers or await _choose_layers(dht, manifest, cfg.max_layers)
+    _check_span(manifest, *span)
+    dest = resolve_data_dir(cfg.data_dir) / "artifacts" / f"{cfg.model}.gguf"
+    path, manifest, publication = await acquire(dht, artifacts, cfg.model, dest,
+                                                lambda m: span_ranges(m, *span))
+    await publication.store(dht)
+    return path, manifest, span, publication
 
 
 async def _choose_layers(dht: SwarmDHT, manifest: Manifest, max_layers: int) -> tuple[int, int]:

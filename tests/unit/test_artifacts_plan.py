@@ -51,7 +51,8 @@ def test_bad_span_and_missing_head_raise():
         span_byte_ranges(m, 2, 4, need_embd=False, need_head=False)
     with pytest.raises(ArtifactError, match="not inside"):
         span_byte_ranges(m, 1, 1, need_embd=False, need_head=False)
-    no_norm = Manifest(**{**m.__dict__, "tensors": tuple(t for t in m.tensors if t.name != "output_norm.weight")})
+    kept = tuple(t for t in m.tensors if t.name != "output_norm.weight")
+    no_norm = Manifest(**{**m.__dict__, "tensors": kept})
     with pytest.raises(ArtifactError, match="output_norm"):
         span_tensors(no_norm, 2, 3, need_embd=False, need_head=True)
 
@@ -78,7 +79,8 @@ def test_pieces_bytes_counts_short_last_piece():
 def test_tensors_in_pieces_needs_every_byte():
     m = _manifest(tied=False)
     # pieces of 64: blk.1 = [600, 700) lies in pieces 9 [576, 640) and 10 [640, 704)
-    assert [t.name for t in tensors_in_pieces(m, [9, 10], 64)] == ["blk.1.attn_q.weight", "blk.1.ffn_up.weight"]
+    complete = [t.name for t in tensors_in_pieces(m, [9, 10], 64)]
+    assert complete == ["blk.1.attn_q.weight", "blk.1.ffn_up.weight"]
     assert "blk.1.ffn_up.weight" not in [t.name for t in tensors_in_pieces(m, [9], 64)]
 
 
