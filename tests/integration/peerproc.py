@@ -1,5 +1,76 @@
-"""Real peer processes for tests: the same helpers `swarm demo` uses (swarm/localswarm.py)."""
+"""Helpers for tests with real peers: peer processes (the ones `swarm demo` uses), the oracle, raw streams."""
 
+from __future__ import annotations
+
+import os
+
+import llama_cpp
+import pytest
+
+from swarm.client.remote import LoopThread
+from swarm.dht.node import SwarmDHT
 from swarm.localswarm import PeerProcess, PeerSet, start_peer
+from swarm.p2p import PeerUnreachable, StreamSession
+from swarm.peer.handler import SPAN_PROTOCOL
+from swarm.sampling import SamplingParams
+from swarm.wire import Open, OpenOk, decode_frame, encode_frame
 
-__all__ = ["PeerProcess", "PeerSet", "start_peer"]
+__all__ = ["PeerProcess", "PeerSet", "RawClient", "oracle", "serve_args", "start_peer"]
+
+REPLY_S = 30.0
+
+
+def oracle(path, prompt: str, n: int) -> str:
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=1, verbose=False)
+    return llm.create_completion(prompt, max_tokens=n, temperature=0.0)["choices"][0]["text"]
+
+
+def serve_args(path, layers: str, *extra: str) -> tuple[str, ...]:
+    return ("serve", "--model", str(path), "--layers", layers, "--threads", "1", "--cache-tokens", "4096", *extra)
+
+
+class RawClient:
+    """A client-mode DHT node on its own loop thread that opens raw span streams to one peer."""
+
+    def __init__(self, peer, model_id: str, tmp, span: tuple[int, int] = (0, 30)):
+        self.peer, self.model_id, self.span = peer, model_id, span
+        self.loop = LoopThread()
+        self.dht: SwarmDHT = self.loop.run(
+            SwarmDHT.start(peer.maddrs, client_mode=True, data_dir=str(tmp)), 60)
+
+    def stream(self) -> StreamSession:
+        opening = self.dht.transport.open_stream(self.peer.peer_id, self.peer.maddrs, SPAN_PROTOCOL)
+        return self.loop.run(opening, 30)
+
+    def send(self, stream: StreamSession, data: bytes) -> None:
+        self.loop.run(stream.send(data), 30)
+
+    def recv(self, stream: StreamSession):
+        """The next frame from the peer, decoded."""
+        return decode_frame(self.loop.run(stream.recv(REPLY_S), REPLY_S + 5))
+
+    def ask(self, stream: StreamSession, data: bytes):
+        self.send(stream, data)
+        return self.recv(stream)
+
+    def assert_closed(self, stream: StreamSession) -> None:
+        """The peer ended this stream: the next read finds it closed (no frame, no hang)."""
+        with pytest.raises(PeerUnreachable):
+            self.loop.run(stream.recv(REPLY_S), REPLY_S + 5)
+
+    def open_frame(self, *, max_tokens: int = 64, span: tuple[int, int] | None = None,
+                   model_id: str | None = None, client_id: str | None = None) -> bytes:
+        start, end = span or self.span
+        return encode_frame(Open(session_id=os.urandom(16), client_id=client_id or self.dht.peer_id,
+                                 model_id=model_id or self.model_id, start=start, end=end,
+                                 max_tokens=max_tokens, sampling=SamplingParams()))
+
+    def open_session(self, max_tokens: int = 64) -> StreamSession:
+        s = self.stream()
+        reply = self.ask(s, self.open_frame(max_tokens=max_tokens))
+        assert reply == OpenOk(reserved_tokens=max_tokens)
+        return s
+
+    def close(self) -> None:
+        self.loop.run(self.dht.shutdown(), 30)
+        self.loop.stop()

@@ -7,23 +7,13 @@ from __future__ import annotations
 
 import threading
 
-import llama_cpp
 import pytest
 
 from swarm import Client
 
-from peerproc import PeerSet
+from peerproc import PeerSet, oracle, serve_args
 
 PROMPT = "The three most important inventions of the twentieth century are"
-
-
-def oracle(path, prompt: str, n: int) -> str:
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=1, verbose=False)
-    return llm.create_completion(prompt, max_tokens=n, temperature=0.0)["choices"][0]["text"]
-
-
-def serve_args(path, layers: str, *extra: str) -> tuple[str, ...]:
-    return ("serve", "--model", str(path), "--layers", layers, "--threads", "1", "--cache-tokens", "4096", *extra)
 
 
 @pytest.fixture(scope="module")
