@@ -71,7 +71,8 @@ class StreamSession:
             frame: payload, at most max_frame_bytes.
         Raises:
             ProtocolError: the frame is too large (the stream is closed).
-            PeerUnreachable: the stream is closed or broke.
+            PeerUnreachable: the stream is closed or broke (the reading side stays open so that
+                `last_words` can read what the peer said before leaving; close it).
         """
         if self._closed:
             raise PeerUnreachable(f"stream to {self.remote_peer_id} is closed")
@@ -82,8 +83,26 @@ class StreamSession:
             self._writer.writelines((_HEADER.pack(len(frame)), frame))
             await self._writer.drain()
         except (ConnectionError, OSError, RuntimeError) as e:
-            await self.close()
             raise PeerUnreachable(f"stream to {self.remote_peer_id} broke while sending: {e}") from e
+
+    async def last_words(self, timeout_s: float = 1.0) -> Optional[bytes]:
+        """After a failed send: a frame the peer sent before hanging up (e.g. why it left), or None.
+
+        The stream is closed afterwards either way.
+        """
+        try:
+            return await self.recv(timeout_s)
+        except SwarmError:
+            # asyncio's StreamReader raises the connection error before handing out bytes it had
+            # already received, so read a complete frame left in its buffer directly.
+            buf = bytes(getattr(self._reader, "_buffer", b""))
+            if len(buf) >= _HEADER.size:
+                (length,) = _HEADER.unpack(buf[:_HEADER.size])
+                if length <= self.max_frame_bytes and len(buf) >= _HEADER.size + length:
+                    return buf[_HEADER.size:_HEADER.size + length]
+            return None
+        finally:
+            await self.close()
 
     async def recv(self, timeout_s: Optional[float] = None) -> bytes:
         """Receive the next frame.

@@ -207,7 +207,13 @@ class RemoteEngine:
     async def _exchange(self, hop: _Hop, frame) -> object:
         data = encode_frame(frame)
         t0 = time.perf_counter()
-        await hop.stream.send(data)
+        try:
+            await hop.stream.send(data)
+        except PeerUnreachable:
+            said = await hop.stream.last_words()
+            if said is not None and isinstance(reply := decode_frame(said), Error):
+                raise _error_of(hop.peer_id, reply) from None
+            raise
         reply_bytes = await hop.stream.recv(STEP_TIMEOUT_S)
         rtt_ms = (time.perf_counter() - t0) * 1000.0
         reply = decode_frame(reply_bytes)
