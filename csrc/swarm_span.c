@@ -1,0 +1,392 @@
+// swarm_span.c: see swarm_span.h. Built by scripts/build_csrc.sh against llama-cpp-python's
+// headers and libraries, so this library and llama_cpp share one llama.cpp/ggml in the process.
+
+#include "swarm_span.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "llama.h"
+
+#define CAPTURE_NAME_MAX 64
+
+struct swarm_span {
+    struct llama_model   * model;
+    struct llama_context * ctx;
+    llama_memory_t         mem;
+    int32_t  n_embd;
+    int32_t  n_vocab;
+    int32_t  n_batch;        // effective llama_n_batch(ctx)
+    uint32_t n_seq_max;
+    bool     is_last;
+    char     capture[CAPTURE_NAME_MAX + 16];  // "<capture_name>-<layer>"
+
+    // per-call batch arrays, sized n_batch
+    llama_pos     * pos;
+    int32_t       * n_seq_id;
+    llama_seq_id ** seq_ptr;
+    int8_t        * logits;
+    llama_seq_id    seq_slot;  // every token of a step belongs to this one sequence
+
+    // capture target of the current llama_decode
+    float  * cap_dst;
+    int64_t  cap_rows;        // rows written so far
+    int64_t  cap_max_rows;
+    int      cap_err;
+};
+
+static void quiet_log(enum ggml_log_level level, const char * text, void * ud) {
+    (void) level; (void) text; (void) ud;
+}
+
+static void init_once(void) {
+    static int done = 0;
+    if (done) {
+        return;
+    }
+    done = 1;
+    const char * want = getenv("SWARM_LLAMA_LOG");
+    if (!want || !want[0]) {
+        llama_log_set(quiet_log, NULL);
+    }
+    llama_backend_init();
+}
+
+// Scheduler eval callback: observe only the boundary tensor and copy its rows out.
+static bool capture_cb(struct ggml_tensor * t, bool ask, void * ud) {
+    struct swarm_span * s = ud;
+    if (strcmp(t->name, s->capture) != 0) {
+        return !ask;  // not ours: do not observe (ask), keep computing (after)
+    }
+    if (ask) {
+        return s->cap_dst != NULL;
+    }
+    if (t->type != GGML_TYPE_F32 || t->ne[0] != s->n_embd || !ggml_is_contiguous(t) ||
+        s->cap_rows + t->ne[1] > s->cap_max_rows) {
+        s->cap_err = 1;
+        return true;
+    }
+    ggml_backend_tensor_get(t, s->cap_dst + s->cap_rows * s->n_embd, 0, ggml_nbytes(t));
+    s->cap_rows += t->ne[1];
+    return true;
+}
+
+static int alloc_batch(struct swarm_span * s) {
+    size_t n = (size_t) s->n_batch;
+    s->pos      = calloc(n, sizeof(*s->pos));
+    s->n_seq_id = calloc(n, sizeof(*s->n_seq_id));
+    s->seq_ptr  = calloc(n, sizeof(*s->seq_ptr));
+    s->logits   = calloc(n, sizeof(*s->logits));
+    if (!s->pos || !s->n_seq_id || !s->seq_ptr || !s->logits) {
+        return SWARM_ERR_CONTEXT;
+    }
+    for (size_t i = 0; i < n; i++) {
+        s->n_seq_id[i] = 1;
+        s->seq_ptr[i]  = &s->seq_slot;
+    }
+    return SWARM_OK;
+}
+
+int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out) {
+    if (!out) {
+        return SWARM_ERR_ARG;
+    }
+    *out = NULL;
+    if (!p || !p->model_path || p->n_ctx == 0 || p->n_seq_max == 0 || p->n_seq_max > 256 ||
+        p->n_threads < 1 || p->n_batch == 0 || p->n_ubatch == 0 || p->n_ubatch > p->n_batch ||
+        p->flash_attn < -1 || p->flash_attn > 1) {
+        return SWARM_ERR_ARG;
+    }
+    if (!p->is_last && (!p->capture_name || strlen(p->capture_name) > CAPTURE_NAME_MAX ||
+                        p->capture_layer < 0)) {
+        return SWARM_ERR_ARG;
+    }
+    init_once();
+
+    struct swarm_span * s = calloc(1, sizeof(*s));
+    if (!s) {
+        return SWARM_ERR_CONTEXT;
+    }
+    s->is_last   = p->is_last != 0;
+    s->n_seq_max = p->n_seq_max;
+    if (!s->is_last) {
+        snprintf(s->capture, sizeof(s->capture), "%s-%d", p->capture_name, p->capture_layer);
+    }
+
+    struct llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    s->model = llama_model_load_from_file(p->model_path, mp);
+    if (!s->model) {
+        free(s);
+        return SWARM_ERR_LOAD;
+    }
+    s->n_embd  = llama_model_n_embd(s->model);
+    s->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(s->model));
+    if (!s->is_last && p->capture_layer >= llama_model_n_layer(s->model)) {
+        swarm_span_close(s);
+        return SWARM_ERR_ARG;
+    }
+
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx           = p->n_ctx;
+    cp.n_batch         = p->n_batch;
+    cp.n_ubatch        = p->n_ubatch;
+    cp.n_seq_max       = p->n_seq_max;
+    cp.n_threads       = p->n_threads;
+    cp.n_threads_batch = p->n_threads;
+    cp.flash_attn_type = (enum llama_flash_attn_type) p->flash_attn;
+    cp.kv_unified      = true;
+    cp.embeddings      = false;
+    cp.no_perf         = true;
+    if (!s->is_last) {
+        cp.cb_eval           = capture_cb;
+        cp.cb_eval_user_data = s;
+    }
+    s->ctx = llama_init_from_model(s->model, cp);
+    if (!s->ctx) {
+        swarm_span_close(s);
+        return SWARM_ERR_CONTEXT;
+    }
+    s->mem     = llama_get_memory(s->ctx);
+    s->n_batch = (int32_t) llama_n_batch(s->ctx);
+    if (alloc_batch(s) != SWARM_OK) {
+        swarm_span_close(s);
+        return SWARM_ERR_CONTEXT;
+    }
+    *out = s;
+    return SWARM_OK;
+}
+
+void swarm_span_close(struct swarm_span * s) {
+    if (!s) {
+        return;
+    }
+    if (s->ctx) {
+        llama_free(s->ctx);
+    }
+    if (s->model) {
+        llama_model_free(s->model);
+    }
+    free(s->pos);
+    free(s->n_seq_id);
+    free(s->seq_ptr);
+    free(s->logits);
+    free(s);
+}
+
+int32_t swarm_span_n_embd(const struct swarm_span * s)  { return s ? s->n_embd : 0; }
+int32_t swarm_span_n_vocab(const struct swarm_span * s) { return s ? s->n_vocab : 0; }
+int32_t swarm_span_n_ctx(const struct swarm_span * s)   { return s ? (int32_t) llama_n_ctx(s->ctx) : 0; }
+
+static int check_seq(const struct swarm_span * s, int32_t seq_id) {
+    if (!s) {
+        return SWARM_ERR_ARG;
+    }
+    return (seq_id < 0 || (uint32_t) seq_id >= s->n_seq_max) ? SWARM_ERR_SEQ : SWARM_OK;
+}
+
+static int map_decode_rc(int rc) {
+    return rc == 1 ? SWARM_ERR_KV_FULL : SWARM_ERR_DECODE;
+}
+
+// Decode tokens [off, off + n) of the step; fills the matching rows of step->out.
+static int decode_chunk(struct swarm_span * s, const struct swarm_span_step * st, int32_t off, int32_t n,
+                        bool final_chunk) {
+    for (int32_t i = 0; i < n; i++) {
+        s->pos[i] = st->pos0 + off + i;
+        s->logits[i] = s->is_last ? (int8_t) (st->all_logits || (final_chunk && i == n - 1)) : 1;
+    }
+    struct llama_batch b = {
+        .n_tokens = n,
+        .token    = NULL,
+        .embd     = (float *) st->embd + (size_t) off * s->n_embd,
+        .pos      = s->pos,
+        .n_seq_id = s->n_seq_id,
+        .seq_id   = s->seq_ptr,
+        .logits   = s->logits,
+    };
+    if (!s->is_last) {
+        s->cap_dst      = st->out + (size_t) off * s->n_embd;
+        s->cap_rows     = 0;
+        s->cap_max_rows = n;
+        s->cap_err      = 0;
+    }
+    int rc = llama_decode(s->ctx, b);
+    s->cap_dst = NULL;
+    if (rc != 0) {
+        return map_decode_rc(rc);
+    }
+    if (!s->is_last) {
+        return (s->cap_err || s->cap_rows != n) ? SWARM_ERR_CAPTURE : SWARM_OK;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (!s->logits[i]) {
+            continue;
+        }
+        const float * lg = llama_get_logits_ith(s->ctx, i);
+        if (!lg) {
+            return SWARM_ERR_DECODE;
+        }
+        size_t row = st->all_logits ? (size_t) (off + i) : 0;
+        memcpy(st->out + row * s->n_vocab, lg, sizeof(float) * (size_t) s->n_vocab);
+    }
+    return SWARM_OK;
+}
+
+int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * st) {
+    if (!s || !st || !st->embd || !st->out || st->n_tokens < 1 || st->pos0 < 0 ||
+        st->pos0 > INT32_MAX - st->n_tokens) {
+        return SWARM_ERR_ARG;
+    }
+    int rc = check_seq(s, st->seq_id);
+    if (rc != SWARM_OK) {
+        return rc;
+    }
+    size_t width = s->is_last ? (size_t) s->n_vocab : (size_t) s->n_embd;
+    size_t rows  = (!s->is_last || st->all_logits) ? (size_t) st->n_tokens : 1;
+    if (st->out_cap < rows * width) {
+        return SWARM_ERR_BUF;
+    }
+    if (st->pos0 != llama_memory_seq_pos_max(s->mem, st->seq_id) + 1) {
+        return SWARM_ERR_POS;
+    }
+    s->seq_slot = st->seq_id;
+    for (int32_t off = 0; off < st->n_tokens; off += s->n_batch) {
+        int32_t n = st->n_tokens - off < s->n_batch ? st->n_tokens - off : s->n_batch;
+        rc = decode_chunk(s, st, off, n, off + n == st->n_tokens);
+        if (rc != SWARM_OK) {
+            llama_memory_seq_rm(s->mem, st->seq_id, st->pos0, -1);
+            return rc;
+        }
+    }
+    return SWARM_OK;
+}
+
+int swarm_span_truncate(struct swarm_span * s, int32_t seq_id, int32_t pos) {
+    int rc = check_seq(s, seq_id);
+    if (rc != SWARM_OK) {
+        return rc;
+    }
+    if (pos < 0) {
+        return SWARM_ERR_ARG;
+    }
+    return llama_memory_seq_rm(s->mem, seq_id, pos, -1) ? SWARM_OK : SWARM_ERR_STATE;
+}
+
+int swarm_span_clear(struct swarm_span * s, int32_t seq_id) {
+    int rc = check_seq(s, seq_id);
+    if (rc != SWARM_OK) {
+        return rc;
+    }
+    llama_memory_seq_rm(s->mem, seq_id, -1, -1);
+    return SWARM_OK;
+}
+
+int32_t swarm_span_seq_pos_max(struct swarm_span * s, int32_t seq_id) {
+    int rc = check_seq(s, seq_id);
+    if (rc != SWARM_OK) {
+        return rc;
+    }
+    return llama_memory_seq_pos_max(s->mem, seq_id);
+}
+
+size_t swarm_span_state_size(struct swarm_span * s, int32_t seq_id) {
+    if (check_seq(s, seq_id) != SWARM_OK) {
+        return 0;
+    }
+    return llama_state_seq_get_size(s->ctx, seq_id);
+}
+
+int swarm_span_state_get(struct swarm_span * s, int32_t seq_id, uint8_t * buf, size_t cap, size_t * written) {
+    int rc = check_seq(s, seq_id);
+    if (rc != SWARM_OK) {
+        return rc;
+    }
+    if (!buf || !written) {
+        return SWARM_ERR_ARG;
+    }
+    *written = 0;
+    if (cap < llama_state_seq_get_size(s->ctx, seq_id)) {
+        return SWARM_ERR_BUF;
+    }
+    size_t n = llama_state_seq_get_data(s->ctx, buf, cap, seq_id);
+    if (n == 0) {
+        return SWARM_ERR_STATE;
+    }
+    *written = n;
+    return SWARM_OK;
+}
+
+int swarm_span_state_set(struct swarm_span * s, int32_t seq_id, const uint8_t * buf, size_t n) {
+    int rc = check_seq(s, seq_id);
+    if (rc != SWARM_OK) {
+        return rc;
+    }
+    if (!buf || n == 0) {
+        return SWARM_ERR_ARG;
+    }
+    if (llama_memory_seq_pos_max(s->mem, seq_id) != -1) {
+        return SWARM_ERR_NOT_EMPTY;
+    }
+    size_t used = llama_state_seq_set_data(s->ctx, buf, n, seq_id);
+    if (used != n) {
+        llama_memory_seq_rm(s->mem, seq_id, -1, -1);
+        return SWARM_ERR_STATE;
+    }
+    return SWARM_OK;
+}
+
+int swarm_dequantize_rows(int32_t type, const void * data, size_t row_bytes, int64_t n_rows,
+                          int64_t n_per_row, const int32_t * ids, int32_t n_ids, float * out) {
+    if (!data || !ids || !out || n_ids < 0 || n_rows < 1 || n_per_row < 1) {
+        return SWARM_ERR_ARG;
+    }
+    if (type < 0 || type >= GGML_TYPE_COUNT) {
+        return SWARM_ERR_TYPE;
+    }
+    const struct ggml_type_traits * tr = ggml_get_type_traits((enum ggml_type) type);
+    if (tr->blck_size <= 0 || tr->type_size == 0 || (type != GGML_TYPE_F32 && !tr->to_float)) {
+        return SWARM_ERR_TYPE;
+    }
+    if (n_per_row % tr->blck_size != 0 || ggml_row_size((enum ggml_type) type, n_per_row) != row_bytes) {
+        return SWARM_ERR_ARG;
+    }
+    for (int32_t i = 0; i < n_ids; i++) {
+        if (ids[i] < 0 || ids[i] >= n_rows) {
+            return SWARM_ERR_ARG;
+        }
+    }
+    for (int32_t i = 0; i < n_ids; i++) {
+        const char * row = (const char *) data + (size_t) ids[i] * row_bytes;
+        float * dst = out + (size_t) i * (size_t) n_per_row;
+        if (type == GGML_TYPE_F32) {
+            memcpy(dst, row, row_bytes);
+        } else {
+            tr->to_float(row, dst, n_per_row);
+        }
+    }
+    return SWARM_OK;
+}
+
+const char * swarm_status_str(int status) {
+    switch (status) {
+        case SWARM_OK:            return "ok";
+        case SWARM_ERR_ARG:       return "bad argument";
+        case SWARM_ERR_LOAD:      return "llama.cpp could not load the model file";
+        case SWARM_ERR_CONTEXT:   return "llama.cpp could not create the context";
+        case SWARM_ERR_SEQ:       return "sequence id out of range";
+        case SWARM_ERR_POS:       return "position does not continue the sequence";
+        case SWARM_ERR_KV_FULL:   return "KV cache full";
+        case SWARM_ERR_DECODE:    return "llama_decode failed";
+        case SWARM_ERR_CAPTURE:   return "boundary tensor not captured";
+        case SWARM_ERR_BUF:       return "output buffer too small";
+        case SWARM_ERR_STATE:     return "sequence state could not be read or written";
+        case SWARM_ERR_TYPE:      return "ggml type has no dequantizer";
+        case SWARM_ERR_NOT_EMPTY: return "sequence is not empty";
+        default:                  return "unknown status";
+    }
+}

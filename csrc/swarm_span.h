@@ -1,0 +1,124 @@
+// swarm_span.h: run layers [a, b) of a GGUF model on unmodified llama.cpp, hidden states in and out.
+//
+// The model file is a *span file* written by swarm.ggml_bridge.slicing: blocks a..b-1 renumbered
+// from 0. Hidden states enter through llama_batch.embd; on a non-final span the residual after the
+// span's last block (graph tensor "<capture_name>-<capture_layer>") is copied out in C from the
+// scheduler eval callback; on the final span the output norm + head run and logits come back.
+//
+// Many sessions share one context: each is a llama.cpp sequence (seq_id in [0, n_seq_max)) in one
+// unified KV cache of n_ctx cells, so sequences take cells from a common pool.
+//
+// Status codes: every int-returning function returns SWARM_OK (0) or one negative code below;
+// swarm_status_str() names it. No function aborts the process on bad input from the caller.
+//
+// Thread safety: a handle must be used by one thread at a time (the caller serialises calls);
+// different handles may run concurrently on different threads. swarm_dequantize_rows and
+// swarm_status_str are thread-safe.
+//
+// Logging: llama.cpp/ggml log output is dropped unless the environment variable SWARM_LLAMA_LOG
+// is set to a non-empty value when the first handle is opened.
+
+#ifndef SWARM_SPAN_H
+#define SWARM_SPAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SWARM_OK              0
+#define SWARM_ERR_ARG        -1   // null pointer, bad size, bad flag
+#define SWARM_ERR_LOAD       -2   // llama.cpp could not load the model file
+#define SWARM_ERR_CONTEXT    -3   // llama.cpp could not create the context (memory?)
+#define SWARM_ERR_SEQ        -4   // seq_id outside [0, n_seq_max)
+#define SWARM_ERR_POS        -5   // pos0 != (last position of the sequence) + 1, or pos < 0
+#define SWARM_ERR_KV_FULL    -6   // no free KV cells for the batch; the sequence is left as before
+#define SWARM_ERR_DECODE     -7   // llama_decode failed; the sequence is left as before
+#define SWARM_ERR_CAPTURE    -8   // the boundary tensor was not produced with the expected shape
+#define SWARM_ERR_BUF        -9   // caller buffer too small
+#define SWARM_ERR_STATE     -10   // sequence state could not be read / written (bad bytes?)
+#define SWARM_ERR_TYPE      -11   // ggml type unknown or has no dequantizer
+#define SWARM_ERR_NOT_EMPTY -12   // state import into a sequence that already holds tokens
+
+struct swarm_span;   // opaque handle: created by swarm_span_open, released by swarm_span_close
+
+struct swarm_span_params {
+    const char * model_path;     // span GGUF; read (mmap) during open only, copied by llama.cpp
+    uint32_t     n_ctx;          // KV cells shared by all sequences (rounded up to 256 by llama.cpp)
+    uint32_t     n_seq_max;      // sequences (sessions), 1..256
+    int32_t      n_threads;      // CPU threads for decode and prefill, >= 1
+    uint32_t     n_batch;        // max tokens per llama_decode call; longer steps are split
+    uint32_t     n_ubatch;       // physical batch, <= n_batch
+    int32_t      flash_attn;     // 0 off (llama-cpp-python's default), 1 on, -1 llama.cpp auto
+    const char * capture_name;   // e.g. "l_out"; ignored when is_last; copied during open
+    int32_t      capture_layer;  // block index inside the span file, normally n_layers - 1
+    int32_t      is_last;        // 1: return logits (needs a vocabulary), 0: return hidden states
+};
+
+// One forward step of one sequence.
+struct swarm_span_step {
+    int32_t       seq_id;      // in [0, n_seq_max)
+    int32_t       pos0;        // position of the first token: must be pos_max(seq_id) + 1 (0 if empty)
+    int32_t       n_tokens;    // >= 1
+    const float * embd;        // [n_tokens, n_embd] f32 row-major, caller-owned, read only
+    float       * out;         // caller-allocated, see out_cap
+    size_t        out_cap;     // capacity of out in floats; needed:
+                               //   non-last: n_tokens * n_embd  -> hidden [n_tokens, n_embd]
+                               //   last, all_logits = 0: n_vocab -> logits of the last token [1, n_vocab]
+                               //   last, all_logits = 1: n_tokens * n_vocab -> [n_tokens, n_vocab]
+    int32_t       all_logits;  // last span only: 1 = logits for every token
+};
+
+// Load the span file and create its context. On success *out owns the handle (free it with
+// swarm_span_close); on failure *out is NULL. Errors: ARG, LOAD, CONTEXT.
+int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out);
+
+// Release the handle, its context and model. NULL is allowed.
+void swarm_span_close(struct swarm_span * s);
+
+int32_t swarm_span_n_embd (const struct swarm_span * s);  // hidden size of the model
+int32_t swarm_span_n_vocab(const struct swarm_span * s);  // 1 for a non-final span
+int32_t swarm_span_n_ctx  (const struct swarm_span * s);  // KV cells after llama.cpp's rounding
+
+// Run one step. Atomic per sequence: on any error the sequence's KV is as before the call.
+// Steps longer than n_batch are decoded in n_batch chunks. Errors: ARG, SEQ, POS, KV_FULL,
+// DECODE, CAPTURE, BUF.
+int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * step);
+
+// Drop positions >= pos of seq_id (pos >= 0). Errors: ARG, SEQ, STATE.
+int swarm_span_truncate(struct swarm_span * s, int32_t seq_id, int32_t pos);
+
+// Drop every position of seq_id. Errors: ARG, SEQ.
+int swarm_span_clear(struct swarm_span * s, int32_t seq_id);
+
+// Largest position held by seq_id, or -1 when empty; SWARM_ERR_SEQ / SWARM_ERR_ARG (< -1) on error.
+int32_t swarm_span_seq_pos_max(struct swarm_span * s, int32_t seq_id);
+
+// Bytes needed to export seq_id's state (0 on a bad handle or seq_id).
+size_t swarm_span_state_size(struct swarm_span * s, int32_t seq_id);
+
+// Copy seq_id's KV state into buf (caller-owned, cap bytes); *written gets the byte count.
+// Errors: ARG, SEQ, BUF (cap < swarm_span_state_size), STATE.
+int swarm_span_state_get(struct swarm_span * s, int32_t seq_id, uint8_t * buf, size_t cap, size_t * written);
+
+// Load state bytes (from swarm_span_state_get of a handle on the same span file) into an empty
+// seq_id. Bad bytes are refused and leave the sequence empty. Errors: ARG, SEQ, NOT_EMPTY, STATE.
+int swarm_span_state_set(struct swarm_span * s, int32_t seq_id, const uint8_t * buf, size_t n);
+
+// Dequantize rows ids[0..n_ids) of a [n_rows, n_per_row] matrix of ggml_type `type` stored at data
+// (row_bytes per row, as in a GGUF) into out [n_ids, n_per_row] f32 (caller-allocated), with ggml's
+// own to_float -- the routine llama.cpp's CPU get_rows uses, so rows match bit for bit.
+// Errors: ARG (bad ids, sizes), TYPE.
+int swarm_dequantize_rows(int32_t type, const void * data, size_t row_bytes, int64_t n_rows,
+                          int64_t n_per_row, const int32_t * ids, int32_t n_ids, float * out);
+
+// Static string naming a status code ("ok", "bad argument", ...). Never NULL.
+const char * swarm_status_str(int status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // SWARM_SPAN_H

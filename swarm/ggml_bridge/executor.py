@@ -1,0 +1,268 @@
+"""Safe typed wrapper over libswarm_span: run layers [a, b) of a model for many sequences.
+
+One `SpanExecutor` owns one llama.cpp model + context loaded from a span file (see `slicing`).
+Every sequence (session) is a llama.cpp sequence id in one unified KV cache. Inputs are checked
+here (shapes, dtypes, finiteness, ids) and C status codes become `ExecutorError`; a refused call
+leaves every sequence as it was, and the executor keeps serving.
+
+Threading: ctypes releases the GIL during each C call, but one executor must be driven from one
+thread at a time (the peer runs one executor thread per span). Different executors may run on
+different threads.
+
+This module does not decide session policy (admission, eviction, ids): see `swarm.kv.sessions`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from swarm.arch import arch_row
+from swarm.errors import ExecutorError
+from swarm.ggml_bridge import _lib
+from swarm.ggml_bridge.slicing import build_span, read_span_layers
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """How to open a span.
+
+    Attributes:
+        n_ctx_tokens: KV cells shared by all sequences (llama.cpp rounds up to a multiple of 256).
+        n_seq_max: sequences (sessions) the executor holds at once, 1..256; ids are 0..n_seq_max-1.
+        n_threads: CPU threads for llama.cpp.
+        is_last: the span ends at the model's last layer: forward returns logits.
+        capture_name: boundary tensor name from the arch row (non-last spans).
+        capture_layer: block index inside the span file whose output is captured (n_layers_in_span-1).
+        n_batch: max tokens per llama_decode; longer steps are split into chunks of this size.
+        n_ubatch: llama.cpp physical batch, <= n_batch.
+        flash_attn: llama.cpp flash attention. On (default): masked KV cells of other sequences are
+            skipped, so a session's results do not depend on other sessions in the unified cache
+            (measured: off gives ~0.5 logit drift once sessions interleave). The whole-model
+            reference must use the same setting (llama-cpp-python: `Llama(flash_attn=True)`).
+    """
+
+    n_ctx_tokens: int
+    n_seq_max: int
+    n_threads: int
+    is_last: bool
+    capture_name: str
+    capture_layer: int
+    n_batch: int = 512
+    n_ubatch: int = 512
+    flash_attn: bool = True
+
+
+class SpanExecutor:
+    """Runs one span file's layers on hidden states, one llama.cpp sequence per session."""
+
+    def __init__(self, span_path: Path, config: ExecutorConfig):
+        """Load the span file and create its context.
+
+        Raises:
+            ExecutorError: bad config, library missing, llama.cpp failed to load or allocate.
+        """
+        if not (1 <= config.n_seq_max <= 256) or config.n_ctx_tokens < 1 or config.n_threads < 1:
+            raise ExecutorError(f"bad executor config: {config}")
+        self._so = _lib.lib()
+        self._config = config
+        params = _lib.SpanParams(
+            model_path=str(span_path).encode(),
+            n_ctx=config.n_ctx_tokens,
+            n_seq_max=config.n_seq_max,
+            n_threads=config.n_threads,
+            n_batch=config.n_batch,
+            n_ubatch=config.n_ubatch,
+            flash_attn=1 if config.flash_attn else 0,
+            capture_name=config.capture_name.encode(),
+            capture_layer=config.capture_layer,
+            is_last=1 if config.is_last else 0,
+        )
+        handle = ctypes.c_void_p()
+        rc = self._so.swarm_span_open(ctypes.byref(params), ctypes.byref(handle))
+        if rc != _lib.SWARM_OK:
+            raise ExecutorError(f"cannot open span {span_path}: {self._status(rc)}")
+        self._h: ctypes.c_void_p | None = handle
+        self._n_embd = int(self._so.swarm_span_n_embd(handle))
+        self._n_vocab = int(self._so.swarm_span_n_vocab(handle))
+
+    @classmethod
+    def for_span(cls, model_path: Path, start: int, end: int, *, n_ctx_tokens: int, n_seq_max: int,
+                 n_threads: int, model_id: str | None = None, cache_dir: Path | None = None,
+                 n_batch: int = 512, flash_attn: bool = True) -> SpanExecutor:
+        """Build (or reuse) the span file for global layers [start, end) and open it.
+
+        The capture tensor comes from the architecture's row; the span is last iff end == n_layers.
+
+        Raises:
+            ValueError: start/end outside the model; UnsupportedArchitecture; ModelError; ExecutorError.
+        """
+        arch, n_layers = read_span_layers(model_path)
+        row = arch_row(arch)
+        span = build_span(model_path, start, end, cache_dir=cache_dir, model_id=model_id)
+        config = ExecutorConfig(n_ctx_tokens=n_ctx_tokens, n_seq_max=n_seq_max, n_threads=n_threads,
+                                is_last=end == n_layers, capture_name=row.capture_name,
+                                capture_layer=end - start - 1, n_batch=n_batch,
+                                n_ubatch=n_batch, flash_attn=flash_attn)
+        return cls(span, config)
+
+    @property
+    def n_embd(self) -> int:
+        """Hidden size: width of every input row and of non-last outputs."""
+        return self._n_embd
+
+    @property
+    def n_vocab(self) -> int:
+        """Vocabulary size (width of logits) on the last span; 1 elsewhere."""
+        return self._n_vocab
+
+    @property
+    def is_last(self) -> bool:
+        """True when forward returns logits."""
+        return self._config.is_last
+
+    @property
+    def n_seq_max(self) -> int:
+        """Sequence ids are 0..n_seq_max-1."""
+        return self._config.n_seq_max
+
+    def forward(self, seq_id: int, pos0: int, hidden: np.ndarray, *, all_logits: bool = False) -> np.ndarray:
+        """Run the span's layers on `n` new tokens of sequence `seq_id`.
+
+        Args:
+            seq_id: sequence (session) id in [0, n_seq_max).
+            pos0: position of the first row; must equal pos_max(seq_id) + 1 (0 for an empty sequence).
+            hidden: [n, n_embd] float32 (float16 accepted, converted), n >= 1, all finite.
+            all_logits: last span only: logits for every row instead of the last one.
+        Returns:
+            non-last span: [n, n_embd] float32 hidden states after the span's last block;
+            last span: [1, n_vocab] float32 logits of the last row, or [n, n_vocab] with all_logits.
+        Raises:
+            ExecutorError: bad shape/dtype/values, unknown seq id, non-contiguous position, KV cache
+                full, llama.cpp failure. The sequence is unchanged after any error.
+        """
+        h = self._handle()
+        self._check_seq(seq_id)
+        x = self._check_hidden(hidden)
+        if isinstance(pos0, bool) or not isinstance(pos0, (int, np.integer)) or pos0 < 0:
+            raise ExecutorError(f"pos0 must be a non-negative int, got {pos0!r}")
+        n = x.shape[0]
+        if self.is_last:
+            out = np.empty((n if all_logits else 1, self._n_vocab), dtype=np.float32)
+        else:
+            out = np.empty((n, self._n_embd), dtype=np.float32)
+        step = _lib.SpanStep(
+            seq_id=seq_id, pos0=int(pos0), n_tokens=n,
+            embd=x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            out=out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            out_cap=out.size, all_logits=1 if all_logits else 0,
+        )
+        rc = self._so.swarm_span_execute(h, ctypes.byref(step))
+        if rc == _lib.SWARM_ERR_POS:
+            expected = self.pos_max(seq_id) + 1
+            raise ExecutorError(f"sequence {seq_id}: step starts at position {pos0}, expected {expected}")
+        if rc != _lib.SWARM_OK:
+            raise ExecutorError(f"sequence {seq_id}: forward of {n} tokens at {pos0} failed: "
+                                f"{self._status(rc)}")
+        return out
+
+    def truncate(self, seq_id: int, pos: int) -> None:
+        """Drop positions >= pos of `seq_id` (rollback); pos_max becomes min(pos_max, pos - 1).
+
+        Raises:
+            ExecutorError: unknown seq id, negative pos.
+        """
+        self._check_seq(seq_id)
+        rc = self._so.swarm_span_truncate(self._handle(), seq_id, int(pos))
+        self._call(rc, f"truncate {seq_id} at {pos}")
+
+    def clear(self, seq_id: int) -> None:
+        """Drop every position of `seq_id`.
+
+        Raises:
+            ExecutorError: unknown seq id.
+        """
+        self._check_seq(seq_id)
+        self._call(self._so.swarm_span_clear(self._handle(), seq_id), f"clear {seq_id}")
+
+    def pos_max(self, seq_id: int) -> int:
+        """Largest position held by `seq_id`, -1 when empty.
+
+        Raises:
+            ExecutorError: unknown seq id.
+        """
+        self._check_seq(seq_id)
+        return int(self._so.swarm_span_seq_pos_max(self._handle(), seq_id))
+
+    def export_seq(self, seq_id: int) -> bytes:
+        """The KV state of `seq_id` as opaque bytes (llama.cpp's sequence state format).
+
+        Raises:
+            ExecutorError: unknown seq id, llama.cpp failed.
+        """
+        h = self._handle()
+        self._check_seq(seq_id)
+        cap = int(self._so.swarm_span_state_size(h, seq_id))
+        buf = (ctypes.c_uint8 * cap)()
+        written = ctypes.c_size_t(0)
+        rc = self._so.swarm_span_state_get(h, seq_id, buf, cap, ctypes.byref(written))
+        self._call(rc, f"export {seq_id}")
+        return bytes(buf[: written.value])
+
+    def import_seq(self, seq_id: int, data: bytes) -> None:
+        """Load bytes from `export_seq` of an executor on the same span file into an empty `seq_id`.
+
+        Raises:
+            ExecutorError: unknown seq id, sequence not empty, empty or malformed bytes (the
+                sequence stays empty).
+        """
+        h = self._handle()
+        self._check_seq(seq_id)
+        if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) == 0:
+            raise ExecutorError("import_seq needs non-empty bytes")
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        self._call(self._so.swarm_span_state_set(h, seq_id, buf, len(data)), f"import into {seq_id}")
+
+    def close(self) -> None:
+        """Free the context and model; later calls raise ExecutorError. Idempotent."""
+        if self._h is not None:
+            self._so.swarm_span_close(self._h)
+            self._h = None
+
+    def __enter__(self) -> SpanExecutor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _handle(self) -> ctypes.c_void_p:
+        if self._h is None:
+            raise ExecutorError("executor is closed")
+        return self._h
+
+    def _check_seq(self, seq_id: int) -> None:
+        if isinstance(seq_id, bool) or not isinstance(seq_id, (int, np.integer)) or \
+                not 0 <= seq_id < self._config.n_seq_max:
+            raise ExecutorError(f"sequence id {seq_id!r} is outside [0, {self._config.n_seq_max})")
+
+    def _check_hidden(self, hidden: np.ndarray) -> np.ndarray:
+        if not isinstance(hidden, np.ndarray):
+            raise ExecutorError(f"hidden must be a numpy array, got {type(hidden).__name__}")
+        if hidden.ndim != 2 or hidden.shape[0] < 1 or hidden.shape[1] != self._n_embd:
+            raise ExecutorError(f"hidden must be [n >= 1, {self._n_embd}], got {list(hidden.shape)}")
+        if hidden.dtype not in (np.float32, np.float16):
+            raise ExecutorError(f"hidden must be float32 (or float16), got {hidden.dtype}")
+        x = np.ascontiguousarray(hidden, dtype=np.float32)
+        if not np.isfinite(x).all():
+            raise ExecutorError("hidden holds NaN or infinite values")
+        return x
+
+    def _call(self, rc: int, what: str) -> None:
+        if rc != _lib.SWARM_OK:
+            raise ExecutorError(f"{what} failed: {self._status(rc)}")
+
+    def _status(self, rc: int) -> str:
+        return f"{self._so.swarm_status_str(rc).decode()} (status {rc})"
