@@ -40,19 +40,28 @@ def main() -> None:
         t0 = time.monotonic()
         seeder.seed(path, torrent.data)
         t_seed = time.monotonic() - t0
-        result = fetcher.fetch(torrent.data, manifest, Path(tmp) / "model.gguf", ranges, [seeder.address],
-                               progress=False)
-    print(json.dumps({
-        "model": args.model, "span": [args.start, args.end], "piece_bytes": torrent.piece_size,
-        "needed_bytes": needed, "wanted_bytes": result.wanted_bytes,
-        "downloaded_bytes": result.downloaded_bytes,
-        "overfetch_ratio": round(result.downloaded_bytes / needed, 4),
-        "fetch_s": round(result.elapsed_s, 3),
-        "fetch_MiB_per_s": round(result.downloaded_bytes / result.elapsed_s / 2**20, 1),
-        "manifest_s": round(t_manifest, 3), "make_torrent_s": round(t_torrent, 3),
-        "seed_check_s": round(t_seed, 3),
-        "torrent_bytes": len(torrent.data),
-    }))
+        result = fetcher.fetch(
+            torrent.data, manifest, Path(tmp) / "model.gguf", ranges, [seeder.address], progress=False
+        )
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "span": [args.start, args.end],
+                "piece_bytes": torrent.piece_size,
+                "needed_bytes": needed,
+                "wanted_bytes": result.wanted_bytes,
+                "downloaded_bytes": result.downloaded_bytes,
+                "overfetch_ratio": round(result.downloaded_bytes / needed, 4),
+                "fetch_s": round(result.elapsed_s, 3),
+                "fetch_MiB_per_s": round(result.downloaded_bytes / result.elapsed_s / 2**20, 1),
+                "manifest_s": round(t_manifest, 3),
+                "make_torrent_s": round(t_torrent, 3),
+                "seed_check_s": round(t_seed, 3),
+                "torrent_bytes": len(torrent.data),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

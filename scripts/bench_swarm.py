@@ -34,8 +34,10 @@ from swarm.models import resolve_model
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 from peerproc import PeerSet  # noqa: E402 - the tests' peer launcher: real `swarm serve` processes
 
-TEXT = ("The history of computing is a story of people, machines and ideas. Early mechanical calculators "
-        "gave way to electronic computers, which in turn became smaller, faster and cheaper every year. ")
+TEXT = (
+    "The history of computing is a story of people, machines and ideas. Early mechanical calculators "
+    "gave way to electronic computers, which in turn became smaller, faster and cheaper every year. "
+)
 SWARM_CONFIGS = (("1 thread", 1, None), ("2 threads", 2, None), ("2 threads, GOMP_SPINCOUNT=1000", 2, "1000"))
 
 
@@ -61,8 +63,14 @@ def pct(xs: list[float], q: float) -> float:
 def bench_whole(path: Path, prompt: str, n_decode: int, threads: int, repeats: int) -> dict:
     """llama.cpp whole model, greedy by argmax over the last logits (no Python sampler chain):
     TTFT = prompt eval + first token; decode tokens/s over n_decode one-token evals. Best of `repeats`."""
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
-                          n_batch=512, verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=1024,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_batch=512,
+        verbose=False,
+    )
     tokens = llm.tokenize(prompt.encode())
     runs = []
     for _ in range(repeats + 1):  # the first run warms up and is dropped
@@ -76,9 +84,17 @@ def bench_whole(path: Path, prompt: str, n_decode: int, threads: int, repeats: i
             llm.eval([tok])
             tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
         t2 = time.perf_counter()
-        runs.append({"threads": threads, "prompt_tokens": len(tokens), "ttft_ms": round((t1 - t0) * 1000, 2),
-                     "decode_tokens": n_decode, "decode_tok_s": round(n_decode / (t2 - t1), 2),
-                     "loadavg_before": load0, "loadavg_after": loadavg()})
+        runs.append(
+            {
+                "threads": threads,
+                "prompt_tokens": len(tokens),
+                "ttft_ms": round((t1 - t0) * 1000, 2),
+                "decode_tokens": n_decode,
+                "decode_tok_s": round(n_decode / (t2 - t1), 2),
+                "loadavg_before": load0,
+                "loadavg_after": loadavg(),
+            }
+        )
     del llm
     return max(runs[1:], key=lambda r: r["decode_tok_s"])
 
@@ -93,8 +109,19 @@ def start_swarm(root: Path, path: Path, n_layers: int, threads: int, spincount: 
     try:
         for i in range(3):
             join = ("--new-swarm",) if i == 0 else ("--initial-peers", ps.started[0].maddrs[0])
-            ps.start(f"p{i}", "serve", "--model", str(path), "--layers", f"{cuts[i]}:{cuts[i + 1]}",
-                     "--threads", str(threads), "--cache-tokens", "2048", *join)
+            ps.start(
+                f"p{i}",
+                "serve",
+                "--model",
+                str(path),
+                "--layers",
+                f"{cuts[i]}:{cuts[i + 1]}",
+                "--threads",
+                str(threads),
+                "--cache-tokens",
+                "2048",
+                *join,
+            )
     except BaseException:
         ps.stop_all()
         raise
@@ -127,15 +154,22 @@ def _swarm_run(client: Client, prompt: str, n_decode: int) -> dict:
             overhead.append(steps[-1] - (comp - prev_c))
         prev_t, prev_c, prev_n = now, comp, n
     n_hops = len(tel.route)
-    return {"prompt_tokens": tel.prompt_tokens, "ttft_ms": round(tel.ttft_ms, 2),
-            "decode_tokens": tel.generated_tokens - 1, "decode_tok_s": round(tel.decode_tokens_per_s, 2),
-            "hops": [[h.start, h.end] for h in tel.route],
-            "step_ms_p50": pct(steps, 50), "step_ms_p90": pct(steps, 90),
-            "overhead_per_step_ms_p50": pct(overhead, 50), "overhead_per_step_ms_p90": pct(overhead, 90),
-            "overhead_per_hop_ms_p50": pct([o / n_hops for o in overhead], 50),
-            "overhead_per_hop_ms_p90": pct([o / n_hops for o in overhead], 90),
-            "compute_ms_per_hop_total": [round(h.compute_ms, 1) for h in tel.route],
-            "loadavg_before": load0, "loadavg_after": loadavg()}
+    return {
+        "prompt_tokens": tel.prompt_tokens,
+        "ttft_ms": round(tel.ttft_ms, 2),
+        "decode_tokens": tel.generated_tokens - 1,
+        "decode_tok_s": round(tel.decode_tokens_per_s, 2),
+        "hops": [[h.start, h.end] for h in tel.route],
+        "step_ms_p50": pct(steps, 50),
+        "step_ms_p90": pct(steps, 90),
+        "overhead_per_step_ms_p50": pct(overhead, 50),
+        "overhead_per_step_ms_p90": pct(overhead, 90),
+        "overhead_per_hop_ms_p50": pct([o / n_hops for o in overhead], 50),
+        "overhead_per_hop_ms_p90": pct([o / n_hops for o in overhead], 90),
+        "compute_ms_per_hop_total": [round(h.compute_ms, 1) for h in tel.route],
+        "loadavg_before": load0,
+        "loadavg_after": loadavg(),
+    }
 
 
 def main() -> None:
@@ -150,9 +184,15 @@ def main() -> None:
     tok = llama_cpp.Llama(model_path=str(path), n_ctx=256, vocab_only=True, verbose=False)
     prompt = make_prompt(tok, args.prompt_tokens)
     del tok
-    out: dict = {"model": args.model, "n_layers": n_layers, "cpus": os.cpu_count(),
-                 "loadavg_start": loadavg(),
-                 "whole": {}, "swarm": {}, "ratio_swarm_over_whole": {}}
+    out: dict = {
+        "model": args.model,
+        "n_layers": n_layers,
+        "cpus": os.cpu_count(),
+        "loadavg_start": loadavg(),
+        "whole": {},
+        "swarm": {},
+        "ratio_swarm_over_whole": {},
+    }
     for threads in (1, 2):
         out["whole"][thread_label(threads)] = bench_whole(path, prompt, args.decode, threads, args.repeats)
     with tempfile.TemporaryDirectory(prefix="bench-swarm-") as tmp:
@@ -167,7 +207,8 @@ def main() -> None:
             whole = out["whole"][thread_label(threads)]
             out["ratio_swarm_over_whole"][name] = {
                 "decode_tok_s": round(r["decode_tok_s"] / whole["decode_tok_s"], 3),
-                "ttft": round(r["ttft_ms"] / whole["ttft_ms"], 3)}
+                "ttft": round(r["ttft_ms"] / whole["ttft_ms"], 3),
+            }
     out["best_swarm_config"] = max(out["swarm"], key=lambda k: out["swarm"][k]["decode_tok_s"])
     out["loadavg_end"] = loadavg()
     print(json.dumps(out, indent=1))

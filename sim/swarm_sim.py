@@ -88,8 +88,14 @@ class SimPeer:
         """The record this peer publishes now (a dead peer's last record stays as it was)."""
         if self.died_at is None:
             self.last_announce = PeerSpan(
-                self.peer_id, self.start, self.end, self.decode_steps_per_s, self.prefill_tokens_per_s,
-                self.table.free_cache_tokens, self.table.sessions_free, self.rtt_ms,
+                self.peer_id,
+                self.start,
+                self.end,
+                self.decode_steps_per_s,
+                self.prefill_tokens_per_s,
+                self.table.free_cache_tokens,
+                self.table.sessions_free,
+                self.rtt_ms,
             )
         assert self.last_announce is not None
         return self.last_announce
@@ -155,24 +161,39 @@ def build_peers(sc: Scenario, rng: random.Random) -> list[SimPeer]:
         model, rest = divmod(i, n_spans * sc.redundancy)
         start = (rest // sc.redundancy) * sc.span_layers
         known = rng.random() >= sc.unknown_rtt_fraction
-        peers.append(SimPeer(
-            peer_id=f"peer{i:05d}", model=model, start=start, end=start + sc.span_layers,
-            decode_steps_per_s=rng.uniform(50.0, 400.0), prefill_tokens_per_s=rng.uniform(200.0, 2000.0),
-            rtt_ms=rng.uniform(2.0, 120.0) if known else None,
-            table=SessionTable(sc.sessions_per_peer, cache_tokens, idle_timeout_s=1e9),
-        ))
+        peers.append(
+            SimPeer(
+                peer_id=f"peer{i:05d}",
+                model=model,
+                start=start,
+                end=start + sc.span_layers,
+                decode_steps_per_s=rng.uniform(50.0, 400.0),
+                prefill_tokens_per_s=rng.uniform(200.0, 2000.0),
+                rtt_ms=rng.uniform(2.0, 120.0) if known else None,
+                table=SessionTable(sc.sessions_per_peer, cache_tokens, idle_timeout_s=1e9),
+            )
+        )
     return peers
 
 
 def _feasible(peers: list[SimPeer], n_spans: int, need_tokens: int) -> bool:
     """True when live peers with a free slot and enough KV (true state, not the snapshot) cover every span."""
-    usable = {p.start for p in peers if p.died_at is None and p.table.sessions_free > 0
-              and p.table.free_cache_tokens >= need_tokens}
+    usable = {
+        p.start
+        for p in peers
+        if p.died_at is None and p.table.sessions_free > 0 and p.table.free_cache_tokens >= need_tokens
+    }
     return len(usable) == n_spans
 
 
-def _open_route(sc: Scenario, model_peers: list[SimPeer], snapshot: list[PeerSpan], step: int,
-                sid: bytes, report: SimReport) -> list[SimPeer] | None:
+def _open_route(
+    sc: Scenario,
+    model_peers: list[SimPeer],
+    snapshot: list[PeerSpan],
+    step: int,
+    sid: bytes,
+    report: SimReport,
+) -> list[SimPeer] | None:
     """Plan, then admit hop by hop; on a dead or busy hop exclude it and re-plan. None: gave up."""
     by_id = {p.peer_id: p for p in model_peers}
     exclude: set[str] = set()
@@ -235,8 +256,14 @@ def run(sc: Scenario) -> SimReport:
                 if p.died_at is None:
                     p.table.release(sid)
         sessions = keep
-        snapshots = {m: [p.announce() for p in by_model[m]
-                         if p.died_at is None or step - p.died_at < sc.record_ttl_steps] for m in models}
+        snapshots = {
+            m: [
+                p.announce()
+                for p in by_model[m]
+                if p.died_at is None or step - p.died_at < sc.record_ttl_steps
+            ]
+            for m in models
+        }
         for r in range(sc.requests_per_step):
             model = rng.choice(models)
             feasible = _feasible(by_model[model], n_spans, sc.session_tokens)

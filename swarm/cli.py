@@ -37,12 +37,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="swarm", description="Serve and use GGUF language models split across peers.")
+    p = argparse.ArgumentParser(
+        prog="swarm", description="Serve and use GGUF language models split across peers."
+    )
     sub = p.add_subparsers(metavar="COMMAND")
 
     models = sub.add_parser("models", help="list, fetch and inspect models").add_subparsers(metavar="ACTION")
     m = models.add_parser("list", help="known models and whether they are fetched")
-    m.add_argument("--cache-dir", help="model cache directory (default $SWARM_MODELS or ~/.cache/swarm/models)")
+    m.add_argument(
+        "--cache-dir", help="model cache directory (default $SWARM_MODELS or ~/.cache/swarm/models)"
+    )
     m.set_defaults(func=_models_list)
     m = models.add_parser("fetch", help="download, assemble and verify a known model")
     m.add_argument("name", choices=sorted(KNOWN_MODELS), metavar="NAME")
@@ -57,7 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("chat", help="chat with a model (on the swarm, or --local)")
     c.add_argument("--model", default=DEFAULT_MODEL, help=f"NAME, PATH or model_id (default {DEFAULT_MODEL})")
     c.add_argument("--local", action="store_true", help="run the whole model in this process")
-    c.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR", help="swarm peers to join through")
+    c.add_argument(
+        "--initial-peers", nargs="*", default=[], metavar="MADDR", help="swarm peers to join through"
+    )
     c.add_argument("--prompt", help="answer this one prompt and exit")
     c.add_argument("--max-new-tokens", type=int, default=256)
     c.add_argument("--temperature", type=float, default=0.0)
@@ -66,14 +72,24 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--threads", type=int, default=None, help="compute threads (--local)")
     c.add_argument("--raw", action="store_true", help="send --prompt as is, without the chat template")
-    c.add_argument("--json", action="store_true", help="one-shot: print text and telemetry as one JSON object")
+    c.add_argument(
+        "--json", action="store_true", help="one-shot: print text and telemetry as one JSON object"
+    )
     c.set_defaults(func=_chat)
 
     s = sub.add_parser("serve", help="serve a span of a model's layers to the swarm")
-    s.add_argument("--model", default=DEFAULT_MODEL,
-                   help="NAME or PATH (seeded whole), or a MODEL_ID (only the span is fetched from the swarm)")
-    s.add_argument("--layers", type=_layers, default=None, metavar="A:B",
-                   help="global layers [A, B) to serve (default: the span the swarm covers least)")
+    s.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="NAME or PATH (seeded whole), or a MODEL_ID (only the span is fetched from the swarm)",
+    )
+    s.add_argument(
+        "--layers",
+        type=_layers,
+        default=None,
+        metavar="A:B",
+        help="global layers [A, B) to serve (default: the span the swarm covers least)",
+    )
     s.add_argument("--max-layers", type=int, default=12, help="layer budget when --layers is not given")
     _add_peer_args(s)
     s.add_argument("--new-swarm", action="store_true", help="start a new swarm (no --initial-peers)")
@@ -88,13 +104,17 @@ def _parser() -> argparse.ArgumentParser:
     _add_peer_args(d)
     d.set_defaults(func=_dht)
 
-    pb = sub.add_parser("publish", help="seed a model file to the swarm and publish its manifest (foreground)")
+    pb = sub.add_parser(
+        "publish", help="seed a model file to the swarm and publish its manifest (foreground)"
+    )
     pb.add_argument("model", metavar="NAME|PATH")
     _add_peer_args(pb)
     pb.add_argument("--new-swarm", action="store_true", help="start a new swarm (no --initial-peers)")
     pb.set_defaults(func=_publish)
 
-    dm = sub.add_parser("demo", help="start a local swarm (a first peer + span peers), answer a prompt, stop it")
+    dm = sub.add_parser(
+        "demo", help="start a local swarm (a first peer + span peers), answer a prompt, stop it"
+    )
     dm.add_argument("--model", default=DEFAULT_MODEL, help="NAME or PATH")
     dm.add_argument("--spans", type=int, default=3, help="serving peers, each with a contiguous span")
     dm.add_argument("--prompt", default="Name three planets of the solar system.")
@@ -111,7 +131,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_peer_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR", help="peers to join the DHT through")
+    p.add_argument(
+        "--initial-peers", nargs="*", default=[], metavar="MADDR", help="peers to join the DHT through"
+    )
     p.add_argument("--host", default="127.0.0.1", help="listen address")
     p.add_argument("--port", type=int, default=0, help="listen port (0: any free port)")
     p.add_argument("--data-dir", default=None, help="peer identity directory (default $SWARM_HOME)")
@@ -132,11 +154,22 @@ def _serve(args) -> None:
 
     if not args.initial_peers and not args.new_swarm:
         raise SwarmError("pass --initial-peers MADDR to join a swarm, or --new-swarm to start one")
-    serve_forever(ServeConfig(
-        model=args.model, layers=args.layers, initial_peers=tuple(args.initial_peers), host=args.host,
-        port=args.port, data_dir=args.data_dir, max_sessions=args.max_sessions, cache_tokens=args.cache_tokens,
-        n_threads=args.threads, max_layers=args.max_layers, announce_period_s=args.announce_period,
-        public_name=args.public_name))
+    serve_forever(
+        ServeConfig(
+            model=args.model,
+            layers=args.layers,
+            initial_peers=tuple(args.initial_peers),
+            host=args.host,
+            port=args.port,
+            data_dir=args.data_dir,
+            max_sessions=args.max_sessions,
+            cache_tokens=args.cache_tokens,
+            n_threads=args.threads,
+            max_layers=args.max_layers,
+            announce_period_s=args.announce_period,
+            public_name=args.public_name,
+        )
+    )
 
 
 def _publish(args) -> None:
@@ -165,21 +198,29 @@ def _demo(args) -> int:
     path = resolve_model(args.model, progress=True)
     n_layers = build_manifest(path).n_layers
     with tempfile.TemporaryDirectory(prefix="swarm-demo-") as root:
-        print(f"starting a local swarm: a first peer + {args.spans} peers serving {n_layers} layers", file=sys.stderr)
+        print(
+            f"starting a local swarm: a first peer + {args.spans} peers serving {n_layers} layers",
+            file=sys.stderr,
+        )
         peers = start_local_swarm(Path(root), path, n_layers, args.spans)
         try:
             for p in peers.started[1:]:
                 print(f"  peer {p.peer_id[:16]}… ready", file=sys.stderr)
             with Client(str(path), initial_peers=peers.started[0].maddrs) as client:
-                stream = client.chat_stream([{"role": "user", "content": args.prompt}],
-                                            max_new_tokens=args.max_new_tokens)
+                stream = client.chat_stream(
+                    [{"role": "user", "content": args.prompt}], max_new_tokens=args.max_new_tokens
+                )
                 live = sys.stdout.isatty() and not args.json
                 for delta in stream:
                     if live:
                         print(delta, end="", flush=True)
                 result = stream.result
             if args.json:
-                print(json.dumps({"text": result.text, "telemetry": result.telemetry.to_dict()}, ensure_ascii=False))
+                print(
+                    json.dumps(
+                        {"text": result.text, "telemetry": result.telemetry.to_dict()}, ensure_ascii=False
+                    )
+                )
             else:
                 print("" if live else result.text)
                 print(result.telemetry.summary(), file=sys.stderr)
@@ -237,8 +278,13 @@ def _chat(args) -> int:
     from swarm.client.api import Client
 
     client = Client(args.model, local=args.local, initial_peers=args.initial_peers, n_threads=args.threads)
-    sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                    top_k=args.top_k, seed=args.seed)
+    sampling = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
     try:
         if args.prompt is not None:
             return _one_shot(client, args, sampling)
@@ -271,8 +317,10 @@ def _one_shot(client, args, sampling: dict) -> int:
 
 
 def _repl(client, sampling: dict) -> int:
-    print("swarm chat: type a message; /stats shows the last telemetry, /reset clears history, /quit exits.",
-          file=sys.stderr)
+    print(
+        "swarm chat: type a message; /stats shows the last telemetry, /reset clears history, /quit exits.",
+        file=sys.stderr,
+    )
     history: list[dict] = []
     last = None
     while True:

@@ -53,8 +53,9 @@ class PeerProcess:
         return (self.home / "stderr.log").read_text(errors="replace")
 
 
-def start_peer(root: Path, name: str, *args: str, ready_marker: str = "serving layers",
-               env: dict | None = None) -> PeerProcess:
+def start_peer(
+    root: Path, name: str, *args: str, ready_marker: str = "serving layers", env: dict | None = None
+) -> PeerProcess:
     """Start `swarm <args>` with SWARM_HOME=root/name and wait until it is ready.
 
     Args:
@@ -71,8 +72,13 @@ def start_peer(root: Path, name: str, *args: str, ready_marker: str = "serving l
     out = open(home / "stdout.log", "w")
     err = open(home / "stderr.log", "w")
     full_env = {**os.environ, "SWARM_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "swarm.cli", *args], stdout=out, stderr=err,
-                            stdin=subprocess.DEVNULL, env=full_env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swarm.cli", *args],
+        stdout=out,
+        stderr=err,
+        stdin=subprocess.DEVNULL,
+        env=full_env,
+    )
     peer = PeerProcess(proc, home)
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
@@ -83,8 +89,9 @@ def start_peer(root: Path, name: str, *args: str, ready_marker: str = "serving l
             peer.peer_id = maddrs[0].rsplit("/p2p/", 1)[1]
             return peer
         if proc.poll() is not None:
-            raise SwarmError(f"peer {name} exited with status {proc.returncode}: "
-                             f"{_last_line(peer.stderr_text())}")
+            raise SwarmError(
+                f"peer {name} exited with status {proc.returncode}: {_last_line(peer.stderr_text())}"
+            )
         time.sleep(0.1)
     peer.stop(signal.SIGKILL)
     raise SwarmError(f"peer {name} was not ready within {READY_S:.0f} s: {_last_line(peer.stderr_text())}")
@@ -97,8 +104,9 @@ class PeerSet:
         self.root = root
         self.started: list[PeerProcess] = []
 
-    def start(self, name: str, *args: str, ready_marker: str = "serving layers",
-              env: dict | None = None) -> PeerProcess:
+    def start(
+        self, name: str, *args: str, ready_marker: str = "serving layers", env: dict | None = None
+    ) -> PeerProcess:
         """Start `swarm <args>` as peer `name` and wait until it is ready (see `start_peer`)."""
         peer = start_peer(self.root, name, *args, ready_marker=ready_marker, env=env)
         self.started.append(peer)
@@ -118,8 +126,9 @@ def even_spans(n_layers: int, n_spans: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def start_local_swarm(root: Path, model_path: Path, n_layers: int, n_spans: int, threads: int = 1,
-                      cache_tokens: int = 4096) -> PeerSet:
+def start_local_swarm(
+    root: Path, model_path: Path, n_layers: int, n_spans: int, threads: int = 1, cache_tokens: int = 4096
+) -> PeerSet:
     """A first DHT peer plus `n_spans` serving peers covering the model.
 
     Raises:
@@ -129,9 +138,20 @@ def start_local_swarm(root: Path, model_path: Path, n_layers: int, n_spans: int,
     try:
         first = peers.start("dht", "dht", ready_marker="")
         for i, (a, b) in enumerate(even_spans(n_layers, n_spans)):
-            peers.start(f"span{i}", "serve", "--model", str(model_path), "--layers", f"{a}:{b}",
-                        "--threads", str(threads), "--cache-tokens", str(cache_tokens),
-                        "--initial-peers", first.maddrs[0])
+            peers.start(
+                f"span{i}",
+                "serve",
+                "--model",
+                str(model_path),
+                "--layers",
+                f"{a}:{b}",
+                "--threads",
+                str(threads),
+                "--cache-tokens",
+                str(cache_tokens),
+                "--initial-peers",
+                first.maddrs[0],
+            )
     except BaseException:
         peers.stop_all()
         raise

@@ -91,8 +91,9 @@ class Manifest:
         """Canonical serialization (sorted-key compact ASCII JSON); its sha256 is `model_id`."""
         body = asdict(self)
         body["version"] = MANIFEST_VERSION
-        return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                          allow_nan=False).encode()
+        return json.dumps(
+            body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+        ).encode()
 
     @property
     def model_id(self) -> str:
@@ -179,8 +180,9 @@ def read_manifest(path: str | Path) -> Manifest:
         reader = GGUFReader(path)
     except (ValueError, OSError, IndexError, KeyError) as e:
         raise ModelError(f"cannot parse GGUF {path}: {e}") from e
-    fields = {name: _field_value(field) for name, field in reader.fields.items()
-              if not name.startswith("GGUF.")}
+    fields = {
+        name: _field_value(field) for name, field in reader.fields.items() if not name.startswith("GGUF.")
+    }
     arch = fields.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelError(f"{path}: no general.architecture in GGUF metadata")
@@ -201,14 +203,13 @@ def read_manifest(path: str | Path) -> Manifest:
             shape=tuple(int(d) for d in t.shape),
             offset=int(t.data_offset),
             nbytes=int(t.n_bytes),
-            sha256=hashlib.sha256(mm[t.data_offset:t.data_offset + t.n_bytes]).hexdigest(),
+            sha256=hashlib.sha256(mm[t.data_offset : t.data_offset + t.n_bytes]).hexdigest(),
             layer=int(m.group(1)) if (m := _LAYER_RE.match(t.name)) else None,
         )
         for t in sorted(reader.tensors, key=lambda t: t.data_offset)
     )
     tokenizer = {k: v for k, v in fields.items() if k.startswith(_TOKENIZER_PREFIX)}
-    hparams = {k: v for k, v in fields.items()
-               if not k.startswith(_TOKENIZER_PREFIX) and _small(v)}
+    hparams = {k: v for k, v in fields.items() if not k.startswith(_TOKENIZER_PREFIX) and _small(v)}
     return Manifest(
         arch=arch,
         n_layers=n_layers,

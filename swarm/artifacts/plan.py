@@ -23,8 +23,9 @@ ByteRange = tuple[int, int]
 """(offset, length) in bytes, absolute in the file; length > 0."""
 
 
-def span_tensors(manifest: Manifest, start: int, end: int, *, need_embd: bool,
-                 need_head: bool) -> tuple[TensorInfo, ...]:
+def span_tensors(
+    manifest: Manifest, start: int, end: int, *, need_embd: bool, need_head: bool
+) -> tuple[TensorInfo, ...]:
     """Tensors a peer serving blocks [start, end) needs, in file order.
 
     Args:
@@ -55,8 +56,9 @@ def span_tensors(manifest: Manifest, start: int, end: int, *, need_embd: bool,
     return tuple(sorted(chosen.values(), key=lambda t: t.offset))
 
 
-def span_byte_ranges(manifest: Manifest, start: int, end: int, *, need_embd: bool,
-                     need_head: bool) -> list[ByteRange]:
+def span_byte_ranges(
+    manifest: Manifest, start: int, end: int, *, need_embd: bool, need_head: bool
+) -> list[ByteRange]:
     """Byte ranges of the header [0, data_offset) plus the span's tensors, merged where adjacent.
 
     Args/Raises: as `span_tensors`.
@@ -121,9 +123,11 @@ def tensors_in_pieces(manifest: Manifest, pieces: Iterable[int], piece_size: int
         tensors in file order; zero-length tensors count as complete.
     """
     have = set(pieces)
-    return [t for t in manifest.tensors
-            if all(p in have for p in pieces_for_ranges([(t.offset, t.nbytes)], piece_size,
-                                                         manifest.file_size))]
+    return [
+        t
+        for t in manifest.tensors
+        if all(p in have for p in pieces_for_ranges([(t.offset, t.nbytes)], piece_size, manifest.file_size))
+    ]
 
 
 def tensors_touching_piece(manifest: Manifest, piece: int, piece_size: int) -> list[str]:

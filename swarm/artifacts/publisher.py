@@ -14,8 +14,14 @@ from swarm.manifest import build_manifest
 from swarm.models import resolve_model
 
 
-async def publish_until_stopped(model: str, initial_peers: list[str], host: str, port: int,
-                                data_dir: str | None, stop: asyncio.Event | None = None) -> None:
+async def publish_until_stopped(
+    model: str,
+    initial_peers: list[str],
+    host: str,
+    port: int,
+    data_dir: str | None,
+    stop: asyncio.Event | None = None,
+) -> None:
     """Seed `model` (name or path) and keep its records fresh until `stop` (or SIGINT/SIGTERM).
 
     Prints the multiaddrs others join with on stdout, then "publishing <model_id>" on stderr.
@@ -30,7 +36,9 @@ async def publish_until_stopped(model: str, initial_peers: list[str], host: str,
         for maddr in dht.visible_maddrs():
             print(maddr, flush=True)
         publication = await publish(dht, artifacts, path, manifest)
-        print(f"publishing {manifest.model_id} (infohash {publication.infohash})", file=sys.stderr, flush=True)
+        print(
+            f"publishing {manifest.model_id} (infohash {publication.infohash})", file=sys.stderr, flush=True
+        )
         if stop is None:
             stop = asyncio.Event()
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -45,6 +53,7 @@ async def publish_until_stopped(model: str, initial_peers: list[str], host: str,
 
 def run_publisher(model: str, initial_peers: list[str], host: str, port: int, data_dir: str | None) -> None:
     """Blocking entry point for the CLI."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     asyncio.run(publish_until_stopped(model, initial_peers, host, port, data_dir))

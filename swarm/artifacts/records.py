@@ -80,8 +80,13 @@ def decode_seeder(data: bytes, model_id: str) -> SeederRecord:
     """
     body = _unpack(data, MAX_SEEDER_RECORD_BYTES, "seeder")
     infohash, torrent, host, port = (body.get(k) for k in ("infohash", "torrent", "host", "port"))
-    if not (isinstance(infohash, str) and isinstance(host, str) and isinstance(port, int)
-            and not isinstance(port, bool) and (torrent is None or isinstance(torrent, bytes))):
+    if not (
+        isinstance(infohash, str)
+        and isinstance(host, str)
+        and isinstance(port, int)
+        and not isinstance(port, bool)
+        and (torrent is None or isinstance(torrent, bytes))
+    ):
         raise ProtocolError("seeder record: infohash/host/port missing, or a field of the wrong type")
     _check_address(host, port)
     _check_infohash(infohash)
@@ -94,8 +99,9 @@ def decode_seeder(data: bytes, model_id: str) -> SeederRecord:
     if parsed.infohash != infohash:
         raise ProtocolError(f"seeder record: torrent infohash {parsed.infohash} is not {infohash[:40]!r}")
     if parsed.name != model_id:
-        raise ProtocolError(f"seeder record: torrent is for model {parsed.name[:16]}..., "
-                            f"not {model_id[:16]}...")
+        raise ProtocolError(
+            f"seeder record: torrent is for model {parsed.name[:16]}..., not {model_id[:16]}..."
+        )
     return SeederRecord(infohash=infohash, host=host, port=port, torrent=torrent)
 
 
@@ -123,8 +129,15 @@ def _unpack(data: bytes, max_bytes: int, kind: str) -> dict:
     if len(data) > max_bytes:
         raise ProtocolError(f"{kind} record of {len(data)} bytes exceeds {max_bytes}")
     try:
-        body = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=max_bytes,
-                               max_str_len=max_bytes, max_array_len=64, max_map_len=64)
+        body = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=max_bytes,
+            max_str_len=max_bytes,
+            max_array_len=64,
+            max_map_len=64,
+        )
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
         raise ProtocolError(f"{kind} record is not valid msgpack: {e}") from e
     if not isinstance(body, dict):

@@ -43,10 +43,14 @@ from swarm.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
-_ALERTS = (lt.alert.category_t.error_notification | lt.alert.category_t.status_notification
-           | lt.alert.category_t.storage_notification | lt.alert.category_t.peer_notification
-           | lt.alert.category_t.block_progress_notification
-           | lt.alert.category_t.piece_progress_notification)
+_ALERTS = (
+    lt.alert.category_t.error_notification
+    | lt.alert.category_t.status_notification
+    | lt.alert.category_t.storage_notification
+    | lt.alert.category_t.peer_notification
+    | lt.alert.category_t.block_progress_notification
+    | lt.alert.category_t.piece_progress_notification
+)
 _POLL_MS = 100
 _CHECKING = (lt.torrent_status.states.checking_files, lt.torrent_status.states.checking_resume_data)
 
@@ -106,20 +110,24 @@ class ArtifactSession:
     def __init__(self, config: SessionConfig = SessionConfig()):
         self.config = config
         discovery = config.public_discovery
-        self._ses = lt.session({
-            "listen_interfaces": f"{config.listen_host}:{config.listen_port}",
-            "enable_outgoing_utp": False,   # uTP on loopback: 7-10 MiB/s instead of 235-291 (NOTES)
-            "enable_incoming_utp": False,
-            "tick_interval": 100,
-            "enable_dht": discovery, "enable_lsd": discovery,
-            "enable_upnp": discovery, "enable_natpmp": discovery,
-            "allow_multiple_connections_per_ip": True,
-            "use_parole_mode": True,
-            "upload_rate_limit": config.upload_limit_bytes_per_s,
-            "download_rate_limit": config.download_limit_bytes_per_s,
-            "alert_mask": _ALERTS,
-            "alert_queue_size": 100_000,
-        })
+        self._ses = lt.session(
+            {
+                "listen_interfaces": f"{config.listen_host}:{config.listen_port}",
+                "enable_outgoing_utp": False,  # uTP on loopback: 7-10 MiB/s instead of 235-291 (NOTES)
+                "enable_incoming_utp": False,
+                "tick_interval": 100,
+                "enable_dht": discovery,
+                "enable_lsd": discovery,
+                "enable_upnp": discovery,
+                "enable_natpmp": discovery,
+                "allow_multiple_connections_per_ip": True,
+                "use_parole_mode": True,
+                "upload_rate_limit": config.upload_limit_bytes_per_s,
+                "download_rate_limit": config.download_limit_bytes_per_s,
+                "alert_mask": _ALERTS,
+                "alert_queue_size": 100_000,
+            }
+        )
         if config.upload_limit_bytes_per_s or config.download_limit_bytes_per_s:
             # libtorrent exempts LAN/loopback peers from rate limits (its local peer class); put
             # every address in the global class so that the configured limits hold for all peers.
@@ -184,15 +192,25 @@ class ArtifactSession:
             raise ArtifactError(f"cannot seed {path}: {st.errc.message()}")
         if not st.is_seeding:
             self._ses.remove_torrent(handle)
-            raise ArtifactError(f"cannot seed {path}: only {st.num_pieces} of "
-                                f"{torrent.info.num_pieces()} pieces match the torrent")
+            raise ArtifactError(
+                f"cannot seed {path}: only {st.num_pieces} of "
+                f"{torrent.info.num_pieces()} pieces match the torrent"
+            )
         log.info("seeding %s as %s on port %d", path, torrent.infohash, self.port)
         return torrent.infohash
 
-    def fetch(self, torrent_bytes: bytes, manifest: Manifest, dest_path: str | Path,
-              byte_ranges: list[ByteRange], peers: list[tuple[str, int]], *,
-              timeout_s: float = 600.0, stall_timeout_s: float = 30.0,
-              progress: bool = True) -> FetchResult:
+    def fetch(
+        self,
+        torrent_bytes: bytes,
+        manifest: Manifest,
+        dest_path: str | Path,
+        byte_ranges: list[ByteRange],
+        peers: list[tuple[str, int]],
+        *,
+        timeout_s: float = 600.0,
+        stall_timeout_s: float = 30.0,
+        progress: bool = True,
+    ) -> FetchResult:
         """Download the pieces behind `byte_ranges` into a sparse `dest_path`, verified.
 
         Args:
@@ -219,9 +237,9 @@ class ArtifactSession:
         dest = Path(dest_path).resolve()
         part, resume_path = dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".resume")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        self._remove_existing_key(torrent.info.info_hashes().v1)   # an earlier fetch of this model
+        self._remove_existing_key(torrent.info.info_hashes().v1)  # an earlier fetch of this model
         if dest.exists() and not part.exists():
-            os.replace(dest, part)   # re-verify an earlier result without exposing it meanwhile
+            os.replace(dest, part)  # re-verify an earlier result without exposing it meanwhile
         atp = self._params(torrent, part, resume_path)
         atp.piece_priorities = [4 if i in wanted else 0 for i in range(torrent.info.num_pieces())]
         handle = self._ses.add_torrent(atp)
@@ -230,7 +248,7 @@ class ArtifactSession:
             self._download(handle, state, peers, resume_path, t0 + timeout_s, stall_timeout_s, progress)
             try:
                 verify_file(part, manifest, ranges)
-                handle.rename_file(0, dest.name)   # libtorrent keeps seeding it under the final name
+                handle.rename_file(0, dest.name)  # libtorrent keeps seeding it under the final name
                 self._await(lambda: state.renamed, state, f"renaming the fetched file to {dest.name}")
             except BaseException:
                 # Piece hashes passed, so the torrent and the manifest disagree (or stale resume
@@ -242,16 +260,27 @@ class ArtifactSession:
             del self._fetching[torrent.infohash]
         resume_path.unlink(missing_ok=True)
         st = handle.status()
-        log.info("fetched %d pieces of %s into %s: %d bytes from %s", len(wanted), torrent.name[:16],
-                 dest, st.total_payload_download, dict(state.bytes_by_peer))
+        log.info(
+            "fetched %d pieces of %s into %s: %d bytes from %s",
+            len(wanted),
+            torrent.name[:16],
+            dest,
+            st.total_payload_download,
+            dict(state.bytes_by_peer),
+        )
         return FetchResult(
-            path=dest, wanted_bytes=pieces_bytes(wanted, torrent.piece_size, torrent.file_size),
-            downloaded_bytes=st.total_payload_download, bytes_by_peer=dict(state.bytes_by_peer),
-            failed_pieces=tuple(state.failed_pieces), banned_peers=tuple(state.banned),
-            elapsed_s=time.monotonic() - t0)
+            path=dest,
+            wanted_bytes=pieces_bytes(wanted, torrent.piece_size, torrent.file_size),
+            downloaded_bytes=st.total_payload_download,
+            bytes_by_peer=dict(state.bytes_by_peer),
+            failed_pieces=tuple(state.failed_pieces),
+            banned_peers=tuple(state.banned),
+            elapsed_s=time.monotonic() - t0,
+        )
 
-    def fetch_metadata(self, infohash: str, manifest: Manifest, peers: list[tuple[str, int]], *,
-                       timeout_s: float = 30.0) -> bytes:
+    def fetch_metadata(
+        self, infohash: str, manifest: Manifest, peers: list[tuple[str, int]], *, timeout_s: float = 30.0
+    ) -> bytes:
         """Get a model's torrent from its peers by v1 info-hash (BitTorrent metadata exchange).
 
         Lets a seeder record carry only the info-hash; libtorrent checks the received info dict
@@ -272,26 +301,41 @@ class ArtifactSession:
             raise ArtifactError(f"bad info-hash {infohash[:48]!r}: expected 40 hex chars")
         key = lt.sha1_hash(bytes.fromhex(infohash))
         handle = self._ses.find_torrent(key)
-        if handle.is_valid():   # seeded or fetched by this session already
+        if handle.is_valid():  # seeded or fetched by this session already
             return torrent_from_info(bytes(handle.torrent_file().info_section()), manifest).data
         atp = lt.add_torrent_params()
         atp.info_hashes = lt.info_hash_t(key)
-        atp.save_path = tempfile.gettempdir()   # nothing is written: no piece is wanted
-        atp.flags = (lt.torrent_flags.default_dont_download | lt.torrent_flags.upload_mode
-                     | lt.torrent_flags.disable_dht | lt.torrent_flags.disable_lsd)
+        atp.save_path = tempfile.gettempdir()  # nothing is written: no piece is wanted
+        atp.flags = (
+            lt.torrent_flags.default_dont_download
+            | lt.torrent_flags.upload_mode
+            | lt.torrent_flags.disable_dht
+            | lt.torrent_flags.disable_lsd
+        )
         handle = self._ses.add_torrent(atp)
         try:
             _connect(handle, peers)
-            self._await(lambda: handle.status().has_metadata, None,
-                        f"getting the metadata of {infohash} from {len(peers)} peer(s)",
-                        timeout_s=timeout_s)
+            self._await(
+                lambda: handle.status().has_metadata,
+                None,
+                f"getting the metadata of {infohash} from {len(peers)} peer(s)",
+                timeout_s=timeout_s,
+            )
             info = bytes(handle.torrent_file().info_section())
         finally:
             self._remove_existing_key(key)
         return torrent_from_info(info, manifest).data
 
-    def _download(self, handle: lt.torrent_handle, state: FetchState, peers: list[tuple[str, int]],
-                  resume_path: Path, deadline: float, stall_timeout_s: float, progress: bool) -> None:
+    def _download(
+        self,
+        handle: lt.torrent_handle,
+        state: FetchState,
+        peers: list[tuple[str, int]],
+        resume_path: Path,
+        deadline: float,
+        stall_timeout_s: float,
+        progress: bool,
+    ) -> None:
         """Connect the peers and wait until every wanted piece is on disk.
 
         On any failure the resume data is saved and the torrent removed from the session.
@@ -314,8 +358,7 @@ class ArtifactSession:
             self._ses.remove_torrent(handle)
             self._await(lambda: not self._ses.find_torrent(key).is_valid(), None, f"removing torrent {key}")
 
-    def _params(self, torrent: Torrent, path: Path,
-                resume_path: Path | None = None) -> lt.add_torrent_params:
+    def _params(self, torrent: Torrent, path: Path, resume_path: Path | None = None) -> lt.add_torrent_params:
         """add_torrent_params mapping the torrent's content-named file onto `path`."""
         atp = lt.add_torrent_params()
         if resume_path is not None and resume_path.exists():
@@ -331,12 +374,25 @@ class ArtifactSession:
         atp.flags |= lt.torrent_flags.disable_dht | lt.torrent_flags.disable_lsd
         return atp
 
-    def _wait_for_pieces(self, handle: lt.torrent_handle, state: FetchState, deadline: float,
-                         stall_timeout_s: float, progress: bool) -> None:
+    def _wait_for_pieces(
+        self,
+        handle: lt.torrent_handle,
+        state: FetchState,
+        deadline: float,
+        stall_timeout_s: float,
+        progress: bool,
+    ) -> None:
         """Pump alerts until every wanted piece is in; raise on disk error, stall or deadline."""
         torrent = state.torrent
-        bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
-                   desc=f"fetch {torrent.name[:12]}", leave=False)
+        bar = tqdm(
+            total=0,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            disable=not progress,
+            desc=f"fetch {torrent.name[:12]}",
+            leave=False,
+        )
         last_done, last_progress = -1, time.monotonic()
         try:
             while True:
@@ -358,10 +414,13 @@ class ArtifactSession:
                 elif now - last_progress > stall_timeout_s:
                     raise ArtifactError(
                         f"no seeder sent data for {stall_timeout_s:.0f} s ({st.num_peers} connected, "
-                        f"{st.total_wanted_done} of {st.total_wanted} bytes)")
+                        f"{st.total_wanted_done} of {st.total_wanted} bytes)"
+                    )
                 if now > deadline:
-                    raise ArtifactError(f"fetch of {torrent.name[:16]}... timed out with "
-                                        f"{st.total_wanted_done} of {st.total_wanted} bytes (resumable)")
+                    raise ArtifactError(
+                        f"fetch of {torrent.name[:16]}... timed out with "
+                        f"{st.total_wanted_done} of {st.total_wanted} bytes (resumable)"
+                    )
                 self._ses.wait_for_alert(_POLL_MS)
         finally:
             bar.close()
@@ -386,8 +445,9 @@ class ArtifactSession:
             tmp.unlink(missing_ok=True)
             log.warning("no resume data saved at %s (%s); the next fetch re-checks the file", resume_path, e)
 
-    def _await(self, done, state: FetchState | None, what: str, *, timeout_s: float = 30.0,
-               check_disk: bool = True) -> None:
+    def _await(
+        self, done, state: FetchState | None, what: str, *, timeout_s: float = 30.0, check_disk: bool = True
+    ) -> None:
         """Pump alerts until `done()` is true.
 
         Raises:

@@ -132,10 +132,17 @@ def parse_torrent(data: bytes, manifest: Manifest | None = None) -> Torrent:
         if name != manifest.model_id:
             raise ArtifactError(f"torrent is for model {name[:16]}..., not {manifest.model_id[:16]}...")
         if info.total_size() != manifest.file_size:
-            raise ArtifactError(f"torrent file has {info.total_size()} bytes; "
-                                f"manifest says {manifest.file_size}")
-    return Torrent(data=data, info=info, name=name, file_size=info.total_size(),
-                   piece_size=info.piece_length(), infohash=str(info.info_hashes().v1))
+            raise ArtifactError(
+                f"torrent file has {info.total_size()} bytes; manifest says {manifest.file_size}"
+            )
+    return Torrent(
+        data=data,
+        info=info,
+        name=name,
+        file_size=info.total_size(),
+        piece_size=info.piece_length(),
+        infohash=str(info.info_hashes().v1),
+    )
 
 
 def torrent_from_info(info_dict: bytes, manifest: Manifest) -> Torrent:

@@ -28,6 +28,7 @@ def verify_file(path: Path, manifest: Manifest, ranges: list[ByteRange]) -> None
     Raises:
         ArtifactError: the file cannot be read, or a mismatch, naming the header or tensor.
     """
+
     def inside(off: int, n: int) -> bool:
         return any(o <= off and off + n <= o + length for o, length in ranges)
 

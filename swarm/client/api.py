@@ -31,8 +31,16 @@ class Client:
         NoRoute: (swarm) no chain of peers covers every layer.
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, *, local: bool = False, initial_peers: Sequence[str] = (),
-                 n_threads: int | None = None, n_ctx: int | None = None, prefill_chunk_tokens: int = 256):
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        local: bool = False,
+        initial_peers: Sequence[str] = (),
+        n_threads: int | None = None,
+        n_ctx: int | None = None,
+        prefill_chunk_tokens: int = 256,
+    ):
         self.local = local
         if local:
             from swarm.client.local import LocalEngine, open_local_model
@@ -44,12 +52,21 @@ class Client:
         else:
             from swarm.client.remote import connect_swarm
 
-            self.tokenizer, self._engine = connect_swarm(model, list(initial_peers),
-                                                         prefill_chunk_tokens=prefill_chunk_tokens)
+            self.tokenizer, self._engine = connect_swarm(
+                model, list(initial_peers), prefill_chunk_tokens=prefill_chunk_tokens
+            )
             self._backend = "swarm"
 
-    def stream(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, seed: int = 0, stop: Sequence[str] = ()) -> TokenStream:
+    def stream(
+        self,
+        prompt: str,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int = 0,
+        stop: Sequence[str] = (),
+    ) -> TokenStream:
         """Generate from a plain prompt, yielding text deltas as tokens arrive.
 
         Each delta decodes as UTF-8 on its own; they concatenate to `.result.text`.
@@ -58,21 +75,48 @@ class Client:
         """
         if not isinstance(prompt, str) or not prompt:
             raise RequestError("empty prompt")
-        return self._stream(self.tokenizer.encode(prompt), max_new_tokens, temperature, top_p, top_k, seed, stop)
+        return self._stream(
+            self.tokenizer.encode(prompt), max_new_tokens, temperature, top_p, top_k, seed, stop
+        )
 
-    def generate(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, seed: int = 0, stop: Sequence[str] = ()) -> Generation:
+    def generate(
+        self,
+        prompt: str,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int = 0,
+        stop: Sequence[str] = (),
+    ) -> Generation:
         """Generate from a plain prompt; return text, token ids and Generation Telemetry."""
         return self.stream(prompt, max_new_tokens, temperature, top_p, top_k, seed, stop).run()
 
-    def chat_stream(self, messages: Sequence[dict], max_new_tokens: int = 256, temperature: float = 0.0,
-                    top_p: float = 1.0, top_k: int = 0, seed: int = 0, stop: Sequence[str] = ()) -> TokenStream:
+    def chat_stream(
+        self,
+        messages: Sequence[dict],
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int = 0,
+        stop: Sequence[str] = (),
+    ) -> TokenStream:
         """Like `stream`, for chat messages rendered with the model's chat template."""
-        return self._stream(self.tokenizer.chat_prompt(messages), max_new_tokens, temperature, top_p, top_k,
-                            seed, stop)
+        return self._stream(
+            self.tokenizer.chat_prompt(messages), max_new_tokens, temperature, top_p, top_k, seed, stop
+        )
 
-    def chat(self, messages: Sequence[dict], max_new_tokens: int = 256, temperature: float = 0.0,
-             top_p: float = 1.0, top_k: int = 0, seed: int = 0, stop: Sequence[str] = ()) -> Generation:
+    def chat(
+        self,
+        messages: Sequence[dict],
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int = 0,
+        stop: Sequence[str] = (),
+    ) -> Generation:
         """Answer chat `messages` ([{"role": ..., "content": ...}]); return the finished generation."""
         return self.chat_stream(messages, max_new_tokens, temperature, top_p, top_k, seed, stop).run()
 
@@ -88,8 +132,16 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _stream(self, tokens: list[int], max_new_tokens: int, temperature: float, top_p: float, top_k: int,
-                seed: int, stop: Sequence[str]) -> TokenStream:
+    def _stream(
+        self,
+        tokens: list[int],
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        seed: int,
+        stop: Sequence[str],
+    ) -> TokenStream:
         if isinstance(stop, str):
             raise RequestError("stop must be a list of strings")
         sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)

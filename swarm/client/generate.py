@@ -95,8 +95,10 @@ def check_request(n_prompt_tokens: int, req: GenerationRequest, context_limit: i
     total = n_prompt_tokens + req.max_new_tokens
     if total > limit:
         which = "the product's hard cap" if limit == MAX_CONTEXT_TOKENS else "the model's context"
-        raise RequestError(f"prompt ({n_prompt_tokens} tokens) + max_new_tokens ({req.max_new_tokens}) = {total} "
-                           f"exceeds {which} of {limit} tokens")
+        raise RequestError(
+            f"prompt ({n_prompt_tokens} tokens) + max_new_tokens ({req.max_new_tokens}) = {total} "
+            f"exceeds {which} of {limit} tokens"
+        )
 
 
 class TokenStream:
@@ -106,8 +108,14 @@ class TokenStream:
     session on the engine.
     """
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, prompt: Sequence[int], req: GenerationRequest,
-                 backend: str):
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Tokenizer,
+        prompt: Sequence[int],
+        req: GenerationRequest,
+        backend: str,
+    ):
         check_request(len(prompt), req, engine.context_limit)
         self._engine, self._tok, self._prompt, self._req = engine, tokenizer, list(prompt), req
         self.telemetry = GenerationTelemetry(backend=backend, prompt_tokens=len(prompt))

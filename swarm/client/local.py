@@ -27,8 +27,9 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def open_local_model(path: Path, n_ctx: int | None = None, n_threads: int | None = None,
-                     n_batch: int = 512) -> llama_cpp.Llama:
+def open_local_model(
+    path: Path, n_ctx: int | None = None, n_threads: int | None = None, n_batch: int = 512
+) -> llama_cpp.Llama:
     """Load the whole model for local generation.
 
     Args:
@@ -66,7 +67,7 @@ class LocalEngine:
     def prefill(self, tokens: Sequence[int]) -> StepResult:
         """Run the prompt in chunks of n_batch tokens; sample the next token."""
         for i in range(0, len(tokens), self._n_batch):
-            self._decode(tokens[i: i + self._n_batch])
+            self._decode(tokens[i : i + self._n_batch])
         return self._sample()
 
     def decode(self, token: int) -> StepResult:

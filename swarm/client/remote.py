@@ -40,7 +40,18 @@ from swarm.peer.handler import SPAN_PROTOCOL
 from swarm.route.plan import RoutePlan, plan_route
 from swarm.route.snapshot import peer_spans
 from swarm.sampling import SamplingParams
-from swarm.wire import Close, Error, ErrorCode, Forward, Hidden, Open, OpenOk, Token, decode_frame, encode_frame
+from swarm.wire import (
+    Close,
+    Error,
+    ErrorCode,
+    Forward,
+    Hidden,
+    Open,
+    OpenOk,
+    Token,
+    decode_frame,
+    encode_frame,
+)
 
 STEP_TIMEOUT_S = 120.0
 """A hop that answers no frame within this time is treated as dead."""
@@ -88,13 +99,16 @@ class SwarmConnection:
 
     def __init__(self, initial_peers: list[str]):
         if not initial_peers:
-            raise SwarmError("no initial peers: pass --initial-peers MADDR (printed by `swarm dht` or "
-                             "`swarm serve --new-swarm`), or use --local")
+            raise SwarmError(
+                "no initial peers: pass --initial-peers MADDR (printed by `swarm dht` or "
+                "`swarm serve --new-swarm`), or use --local"
+            )
         self._tmp = tempfile.TemporaryDirectory(prefix="swarm-client-")
         self.loop = LoopThread()
         try:
             self.dht: SwarmDHT = self.loop.run(
-                SwarmDHT.start(initial_peers, client_mode=True, data_dir=self._tmp.name), timeout_s=60)
+                SwarmDHT.start(initial_peers, client_mode=True, data_dir=self._tmp.name), timeout_s=60
+            )
         except BaseException:
             self.loop.stop()
             self._tmp.cleanup()
@@ -126,8 +140,13 @@ class RemoteEngine:
         prefill_chunk_tokens: prompt tokens per Forward frame.
     """
 
-    def __init__(self, conn: SwarmConnection, manifest: Manifest, embedder: TokenEmbedder,
-                 prefill_chunk_tokens: int = 256):
+    def __init__(
+        self,
+        conn: SwarmConnection,
+        manifest: Manifest,
+        embedder: TokenEmbedder,
+        prefill_chunk_tokens: int = 256,
+    ):
         if prefill_chunk_tokens < 1:
             raise SwarmError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
         self._conn = conn
@@ -162,7 +181,7 @@ class RemoteEngine:
         x = self._embedder.embed(list(tokens))
         result = None
         for i in range(0, len(tokens), self._chunk):
-            result = self._step_all(x[i: i + self._chunk])
+            result = self._step_all(x[i : i + self._chunk])
         assert result is not None
         return result
 
@@ -234,18 +253,25 @@ class RemoteEngine:
         for _ in range(OPEN_ATTEMPTS):
             announced = await self._conn.dht.get_announcements(self._manifest.model_id)
             if not announced:
-                raise NoRoute(f"no peer announces model {self._manifest.model_id[:16]}…",
-                              missing=tuple(range(self._manifest.n_layers)))
+                raise NoRoute(
+                    f"no peer announces model {self._manifest.model_id[:16]}…",
+                    missing=tuple(range(self._manifest.n_layers)),
+                )
             await self._measure_rtts(announced)
-            plan = plan_route(peer_spans(announced, self._rtt_ms), self._manifest.n_layers, n_tokens,
-                              exclude=frozenset(exclude | self._unreachable(announced)))
+            plan = plan_route(
+                peer_spans(announced, self._rtt_ms),
+                self._manifest.n_layers,
+                n_tokens,
+                exclude=frozenset(exclude | self._unreachable(announced)),
+            )
             self.last_plan = plan
             addrs = {a.peer_id: a.addrs for a in announced}
             hops: list[_Hop] = []
             try:
                 for h in plan.hops:
-                    hops.append(await self._open_hop(h.peer_id, addrs[h.peer_id], h.start, h.end, n_tokens,
-                                                     sampling))
+                    hops.append(
+                        await self._open_hop(h.peer_id, addrs[h.peer_id], h.start, h.end, n_tokens, sampling)
+                    )
                 return hops
             except (Busy, PeerUnreachable, ProtocolError) as e:
                 last_error = e
@@ -253,14 +279,24 @@ class RemoteEngine:
                 await _close_all(hops)
         raise NoRoute(f"could not open a route after {OPEN_ATTEMPTS} attempts: {last_error}")
 
-    async def _open_hop(self, peer_id: str, addrs, start: int, end: int, n_tokens: int,
-                        sampling: SamplingParams) -> _Hop:
+    async def _open_hop(
+        self, peer_id: str, addrs, start: int, end: int, n_tokens: int, sampling: SamplingParams
+    ) -> _Hop:
         stream = await self._conn.dht.transport.open_stream(peer_id, addrs, SPAN_PROTOCOL)
         hop = _Hop(peer_id, start, end, stream, HopTelemetry(peer_id=peer_id, start=start, end=end))
         try:
-            reply = await self._exchange(hop, Open(session_id=os.urandom(16), client_id=self._conn.dht.peer_id,
-                                                   model_id=self._manifest.model_id, start=start, end=end,
-                                                   max_tokens=n_tokens, sampling=sampling))
+            reply = await self._exchange(
+                hop,
+                Open(
+                    session_id=os.urandom(16),
+                    client_id=self._conn.dht.peer_id,
+                    model_id=self._manifest.model_id,
+                    start=start,
+                    end=end,
+                    max_tokens=n_tokens,
+                    sampling=sampling,
+                ),
+            )
             if not isinstance(reply, OpenOk):
                 raise ProtocolError(f"{peer_id} answered open with {type(reply).__name__}")
         except BaseException:
@@ -271,7 +307,9 @@ class RemoteEngine:
     async def _measure_rtts(self, announced: list[Announcement]) -> None:
         async def probe(a: Announcement) -> None:
             try:
-                self._rtt_ms[a.peer_id] = await self._conn.dht.transport.ping(a.peer_id, a.addrs, timeout_s=5.0)
+                self._rtt_ms[a.peer_id] = await self._conn.dht.transport.ping(
+                    a.peer_id, a.addrs, timeout_s=5.0
+                )
             except SwarmError:
                 self._rtt_ms[a.peer_id] = float("inf")
 
@@ -306,8 +344,9 @@ async def _close_all(hops: list[_Hop]) -> None:
     await asyncio.gather(*(close(h) for h in hops), return_exceptions=True)
 
 
-def connect_swarm(model: str, initial_peers: list[str], prefill_chunk_tokens: int = 256
-                  ) -> tuple[Tokenizer, RemoteEngine]:
+def connect_swarm(
+    model: str, initial_peers: list[str], prefill_chunk_tokens: int = 256
+) -> tuple[Tokenizer, RemoteEngine]:
     """Join the swarm for `model`: tokenizer and engine.
 
     Args:

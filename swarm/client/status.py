@@ -38,21 +38,42 @@ class StatusReport:
 
     def to_dict(self) -> dict:
         """JSON-able form (for --json)."""
-        return {"model_id": self.model_id, "n_layers": self.n_layers, "covered": self.covered,
-                "missing": list(self.missing), "peers": [dataclasses.asdict(p) for p in self.peers]}
+        return {
+            "model_id": self.model_id,
+            "n_layers": self.n_layers,
+            "covered": self.covered,
+            "missing": list(self.missing),
+            "peers": [dataclasses.asdict(p) for p in self.peers],
+        }
 
     def print_table(self) -> None:
         """Human table on stdout."""
         table = Table(title=f"model {self.model_id[:16]}… ({self.n_layers} layers)")
-        for col in ("peer", "layers", "decode steps/s", "prefill tok/s", "free cache", "sessions free", "name"):
+        for col in (
+            "peer",
+            "layers",
+            "decode steps/s",
+            "prefill tok/s",
+            "free cache",
+            "sessions free",
+            "name",
+        ):
             table.add_column(col)
         for p in self.peers:
-            table.add_row(p.peer_id[:16] + "…", f"{p.start}:{p.end}", f"{p.decode_steps_per_s:.1f}",
-                          f"{p.prefill_tokens_per_s:.0f}", str(p.free_cache_tokens),
-                          f"{p.sessions_free}/{p.max_sessions}", p.public_name or "")
+            table.add_row(
+                p.peer_id[:16] + "…",
+                f"{p.start}:{p.end}",
+                f"{p.decode_steps_per_s:.1f}",
+                f"{p.prefill_tokens_per_s:.0f}",
+                str(p.free_cache_tokens),
+                f"{p.sessions_free}/{p.max_sessions}",
+                p.public_name or "",
+            )
         console = Console()
         console.print(table)
-        console.print("all layers covered" if self.covered else f"layers not covered: {_ranges(self.missing)}")
+        console.print(
+            "all layers covered" if self.covered else f"layers not covered: {_ranges(self.missing)}"
+        )
 
 
 def missing_layers(peers, n_layers: int) -> tuple[int, ...]:
@@ -78,7 +99,9 @@ def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
         peers = conn.announcements(manifest.model_id)
     finally:
         conn.close()
-    return StatusReport(manifest.model_id, manifest.n_layers, tuple(peers), missing_layers(peers, manifest.n_layers))
+    return StatusReport(
+        manifest.model_id, manifest.n_layers, tuple(peers), missing_layers(peers, manifest.n_layers)
+    )
 
 
 def _ranges(layers: tuple[int, ...]) -> str:

@@ -73,10 +73,14 @@ class GenerationTelemetry:
 
     def summary(self) -> str:
         """One human line, e.g. for `/stats`."""
-        line = (f"{self.prompt_tokens} prompt + {self.generated_tokens} generated tokens, "
-                f"TTFT {self.ttft_ms:.0f} ms, {self.decode_tokens_per_s:.1f} tok/s, "
-                f"total {self.total_ms:.0f} ms")
+        line = (
+            f"{self.prompt_tokens} prompt + {self.generated_tokens} generated tokens, "
+            f"TTFT {self.ttft_ms:.0f} ms, {self.decode_tokens_per_s:.1f} tok/s, "
+            f"total {self.total_ms:.0f} ms"
+        )
         for hop in self.route:
-            line += (f"\n  [{hop.start:>3}:{hop.end:<3}) {hop.peer_id[:12]}…  compute {hop.compute_ms:.0f} ms"
-                     f"  network {hop.network_ms:.0f} ms  sent {hop.bytes_sent} B  recv {hop.bytes_received} B")
+            line += (
+                f"\n  [{hop.start:>3}:{hop.end:<3}) {hop.peer_id[:12]}…  compute {hop.compute_ms:.0f} ms"
+                f"  network {hop.network_ms:.0f} ms  sent {hop.bytes_sent} B  recv {hop.bytes_received} B"
+            )
         return line

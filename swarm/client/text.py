@@ -58,7 +58,7 @@ class DeltaDecoder:
         safe = len(self._text) if final else len(self._text) - self._held_back()
         if safe <= self._emitted:
             return ""
-        delta = self._text[self._emitted: safe]
+        delta = self._text[self._emitted : safe]
         self._emitted = safe
         return delta
 

@@ -100,8 +100,14 @@ class Tokenizer:
         if not messages:
             raise RequestError("chat needs at least one message")
         for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
-                raise RequestError(f"malformed chat message {m!r}: need role in {sorted(_ROLES)} and str content")
+            if (
+                not isinstance(m, dict)
+                or m.get("role") not in _ROLES
+                or not isinstance(m.get("content"), str)
+            ):
+                raise RequestError(
+                    f"malformed chat message {m!r}: need role in {sorted(_ROLES)} and str content"
+                )
         template = self._llama.metadata.get("tokenizer.chat_template")
         if not template:
             raise RequestError("this model has no chat template; use generate() with a plain prompt")
@@ -115,5 +121,6 @@ class Tokenizer:
             rendered = formatter(messages=list(messages))
         except Exception as e:  # noqa: BLE001 - a template error must reach the user as one line
             raise RequestError(f"chat template failed: {e}") from e
-        return self._llama.tokenize(rendered.prompt.encode("utf-8"), add_bos=not rendered.added_special,
-                                    special=True)
+        return self._llama.tokenize(
+            rendered.prompt.encode("utf-8"), add_bos=not rendered.added_special, special=True
+        )

@@ -66,8 +66,14 @@ class Blob:
 class SwarmDHT:
     """A running DHT node with this peer's identity. Build with `await SwarmDHT.start(...)`."""
 
-    def __init__(self, dht: hivemind.DHT, identity: Identity, signer: RSASignatureValidator,
-                 transport: SwarmP2P, maddrs: list[str]):
+    def __init__(
+        self,
+        dht: hivemind.DHT,
+        identity: Identity,
+        signer: RSASignatureValidator,
+        transport: SwarmP2P,
+        maddrs: list[str],
+    ):
         self._dht = dht
         self.identity = identity
         self._owner_marker = signer.local_public_key
@@ -76,9 +82,16 @@ class SwarmDHT:
         self._last_expiration: dict[str, float] = {}  # model_id -> newest own announce/tombstone
 
     @classmethod
-    async def start(cls, initial_peers: Sequence[str] = (), *, host: str = "127.0.0.1", port: int = 0,
-                    data_dir: Optional[str | os.PathLike] = None, client_mode: bool = False,
-                    startup_timeout_s: float = 30.0) -> "SwarmDHT":
+    async def start(
+        cls,
+        initial_peers: Sequence[str] = (),
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        data_dir: Optional[str | os.PathLike] = None,
+        client_mode: bool = False,
+        startup_timeout_s: float = 30.0,
+    ) -> "SwarmDHT":
         """Start a DHT node (own process + p2pd) and join the swarm through `initial_peers`.
 
         Args:
@@ -95,9 +108,13 @@ class SwarmDHT:
         signer = RSASignatureValidator(identity.private_key)
         proto = "ip6" if ":" in host else "ip4"
         dht = hivemind.DHT(
-            initial_peers=list(initial_peers), start=False, client_mode=client_mode,
-            host_maddrs=[f"/{proto}/{host}/tcp/{port}"], identity_path=str(identity.identity_path),
-            record_validators=[signer, SwarmRecordValidator()], startup_timeout=startup_timeout_s,
+            initial_peers=list(initial_peers),
+            start=False,
+            client_mode=client_mode,
+            host_maddrs=[f"/{proto}/{host}/tcp/{port}"],
+            identity_path=str(identity.identity_path),
+            record_validators=[signer, SwarmRecordValidator()],
+            startup_timeout=startup_timeout_s,
         )
         try:
             dht.run_in_background(await_ready=False)
@@ -136,9 +153,11 @@ class SwarmDHT:
             raise ProtocolError(f"announcement names peer {ann.peer_id}, this node is {self.peer_id}")
         if not expiration_s > 0:
             raise ProtocolError(f"expiration_s must be > 0, got {expiration_s}")
-        stored_at = await self._store_own_span(ann.model_id, get_dht_time() + expiration_s,
-                                               lambda expires_at: encode_announcement(
-                                                   dataclasses.replace(ann, expires_at=expires_at)))
+        stored_at = await self._store_own_span(
+            ann.model_id,
+            get_dht_time() + expiration_s,
+            lambda expires_at: encode_announcement(dataclasses.replace(ann, expires_at=expires_at)),
+        )
         return dataclasses.replace(ann, expires_at=stored_at)
 
     async def withdraw(self, model_id: str) -> None:
@@ -163,7 +182,9 @@ class SwarmDHT:
         try:
             await self._store(key, subkey, make_value(expires_at), expires_at)
         except DHTError:
-            newer = [exp for sub, _, exp in await self._get_entries(key) if sub == subkey and exp >= expires_at]
+            newer = [
+                exp for sub, _, exp in await self._get_entries(key) if sub == subkey and exp >= expires_at
+            ]
             if not newer:
                 raise
             expires_at = max(newer) + _EXPIRATION_STEP_S
@@ -204,8 +225,9 @@ class SwarmDHT:
             raise ProtocolError(f"blob value must be bytes of at most {MAX_BLOB_BYTES} bytes")
         if not expiration_s > 0:
             raise ProtocolError(f"expiration_s must be > 0, got {expiration_s}")
-        await self._store(key, BLOB_SUBKEY_TAG + name + self._owner_marker, value,
-                          get_dht_time() + expiration_s)
+        await self._store(
+            key, BLOB_SUBKEY_TAG + name + self._owner_marker, value, get_dht_time() + expiration_s
+        )
 
     async def get_blob(self, key: str) -> list[Blob]:
         """All live, signed blobs under `key`, sorted by (name, owner_peer_id); erased ones are omitted."""
@@ -234,12 +256,16 @@ class SwarmDHT:
         result = await self._dht.get(key, latest=True, return_future=True)
         if result is None or not isinstance(result.value, dict):
             return []
-        return [(subkey, item.value, item.expiration_time) for subkey, item in result.value.items()
-                if isinstance(subkey, bytes)]
+        return [
+            (subkey, item.value, item.expiration_time)
+            for subkey, item in result.value.items()
+            if isinstance(subkey, bytes)
+        ]
 
 
-def run_dht_only(initial_peers: Sequence[str], host: str, port: int,
-                 data_dir: Optional[str | os.PathLike]) -> None:
+def run_dht_only(
+    initial_peers: Sequence[str], host: str, port: int, data_dir: Optional[str | os.PathLike]
+) -> None:
     """`swarm dht`: run a DHT-only peer, print its multiaddrs one per line on stdout, block until
     SIGINT/SIGTERM, then shut down cleanly.
 

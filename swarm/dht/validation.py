@@ -53,7 +53,7 @@ def blob_name(subkey: Any) -> Optional[str]:
     """The caller's name inside a `blob:<name>[owner:...]` subkey, or None if the subkey is not a blob's."""
     if not isinstance(subkey, bytes) or not subkey.startswith(BLOB_SUBKEY_TAG):
         return None
-    name, sep, _ = subkey[len(BLOB_SUBKEY_TAG):].partition(b"[owner:")
+    name, sep, _ = subkey[len(BLOB_SUBKEY_TAG) :].partition(b"[owner:")
     if not sep or len(name) > MAX_BLOB_NAME_BYTES:
         return None
     try:

@@ -75,7 +75,10 @@ class SessionTable:
     """
 
     def __init__(
-        self, max_sessions: int, cache_tokens: int, idle_timeout_s: float,
+        self,
+        max_sessions: int,
+        cache_tokens: int,
+        idle_timeout_s: float,
         max_session_tokens: int = MAX_CONTEXT_TOKENS,
     ):
         self.max_sessions = _check_int("max_sessions", max_sessions, 1, 1 << 16)
@@ -165,8 +168,10 @@ class SessionTable:
         if pos0 != slot.pos:
             raise RequestError(f"step starts at position {pos0}, session is at {slot.pos}")
         if pos0 + n_tokens > slot.reserved_tokens:
-            raise RequestError(f"step to position {pos0 + n_tokens} passes the session's "
-                               f"{slot.reserved_tokens} reserved tokens")
+            raise RequestError(
+                f"step to position {pos0 + n_tokens} passes the session's "
+                f"{slot.reserved_tokens} reserved tokens"
+            )
 
     def advance(self, slot: SessionSlot, n_tokens: int, now_s: float) -> None:
         """Record that n_tokens more positions are in the cache.

@@ -50,11 +50,21 @@ class Announcer:
         """The announcement as of now (expires_at is set by the DHT wrapper)."""
         s = self._rt.sessions
         return Announcement(
-            peer_id=self._dht.peer_id, addrs=tuple(self._dht.visible_maddrs()), model_id=self._rt.model_id,
-            start=self._rt.start, end=self._rt.end, decode_steps_per_s=self._tp.decode_steps_per_s,
-            prefill_tokens_per_s=self._tp.prefill_tokens_per_s, free_cache_tokens=s.free_cache_tokens,
-            max_sessions=s.max_sessions, sessions_free=s.sessions_free, version=swarm.__version__,
-            protocol=PROTOCOL_GENERATION, public_name=self._public_name, expires_at=0.0)
+            peer_id=self._dht.peer_id,
+            addrs=tuple(self._dht.visible_maddrs()),
+            model_id=self._rt.model_id,
+            start=self._rt.start,
+            end=self._rt.end,
+            decode_steps_per_s=self._tp.decode_steps_per_s,
+            prefill_tokens_per_s=self._tp.prefill_tokens_per_s,
+            free_cache_tokens=s.free_cache_tokens,
+            max_sessions=s.max_sessions,
+            sessions_free=s.sessions_free,
+            version=swarm.__version__,
+            protocol=PROTOCOL_GENERATION,
+            public_name=self._public_name,
+            expires_at=0.0,
+        )
 
     async def announce_once(self) -> None:
         """Publish now. Raises DHTError or ProtocolError when no node stores it."""

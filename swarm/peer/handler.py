@@ -25,8 +25,19 @@ from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.sessions import SessionSlot, SessionTable
 from swarm.p2p import StreamSession
 from swarm.sampling import SamplingParams, sample
-from swarm.wire import (Close, Error, ErrorCode, Forward, Hidden, Open, OpenOk, Token, Truncate, decode_frame,
-                        encode_frame)
+from swarm.wire import (
+    Close,
+    Error,
+    ErrorCode,
+    Forward,
+    Hidden,
+    Open,
+    OpenOk,
+    Token,
+    Truncate,
+    decode_frame,
+    encode_frame,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -113,11 +124,16 @@ async def _open(rt: SpanRuntime, stream: StreamSession) -> tuple[SessionSlot, Sa
         await _send_error(stream, ErrorCode.SHUTTING_DOWN, "peer is shutting down")
         return None
     if frame.model_id != rt.model_id or (frame.start, frame.end) != (rt.start, rt.end):
-        await _send_error(stream, ErrorCode.NOT_FOUND,
-                          f"this peer serves layers [{rt.start}, {rt.end}) of model {rt.model_id[:16]}")
+        await _send_error(
+            stream,
+            ErrorCode.NOT_FOUND,
+            f"this peer serves layers [{rt.start}, {rt.end}) of model {rt.model_id[:16]}",
+        )
         return None
     try:
-        admission = rt.sessions.admit(frame.session_id, stream.remote_peer_id, frame.max_tokens, time.monotonic())
+        admission = rt.sessions.admit(
+            frame.session_id, stream.remote_peer_id, frame.max_tokens, time.monotonic()
+        )
     except Busy as e:
         await _send_error(stream, ErrorCode.BUSY, str(e))
         return None
@@ -156,8 +172,14 @@ def _compute(executor: SpanExecutor, seq_id: int, frame: Forward, sampling: Samp
     if not executor.is_last:
         return Hidden(step=frame.step, hidden=out, compute_ms=(time.perf_counter() - t0) * 1000.0)
     r = sample(out[-1], sampling, position=frame.pos0 + frame.n_tokens)
-    return Token(step=frame.step, token=r.token, logprob=r.logprob, top=r.top,
-                 compute_ms=(time.perf_counter() - t0) * 1000.0, logits=out if frame.want_logits else None)
+    return Token(
+        step=frame.step,
+        token=r.token,
+        logprob=r.logprob,
+        top=r.top,
+        compute_ms=(time.perf_counter() - t0) * 1000.0,
+        logits=out if frame.want_logits else None,
+    )
 
 
 async def _send_error(stream: StreamSession, code: ErrorCode, message: str) -> None:

@@ -73,7 +73,9 @@ class ServeConfig:
     public_name: str | None = None
 
 
-async def serve(cfg: ServeConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
+async def serve(
+    cfg: ServeConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None
+) -> None:
     """Run a peer until `stop` is set (or SIGINT/SIGTERM when `stop` is None).
 
     Raises:
@@ -88,17 +90,38 @@ async def serve(cfg: ServeConfig, ready: asyncio.Event | None = None, stop: asyn
         path, manifest, (start, end), publication = await _obtain_model(cfg, dht, artifacts, local_path)
         logger.info("loading layers [%d, %d) of %s", start, end, manifest.model_id[:16])
         executor = await asyncio.to_thread(
-            SpanExecutor.for_span, path, start, end, n_ctx_tokens=cfg.cache_tokens,
-            n_seq_max=cfg.max_sessions, n_threads=cfg.n_threads, model_id=manifest.model_id)
-        rt = SpanRuntime(model_id=manifest.model_id, start=start, end=end, executor=executor,
-                         sessions=SessionTable(cfg.max_sessions, cfg.cache_tokens, idle_timeout_s=600.0))
+            SpanExecutor.for_span,
+            path,
+            start,
+            end,
+            n_ctx_tokens=cfg.cache_tokens,
+            n_seq_max=cfg.max_sessions,
+            n_threads=cfg.n_threads,
+            model_id=manifest.model_id,
+        )
+        rt = SpanRuntime(
+            model_id=manifest.model_id,
+            start=start,
+            end=end,
+            executor=executor,
+            sessions=SessionTable(cfg.max_sessions, cfg.cache_tokens, idle_timeout_s=600.0),
+        )
         throughput = await rt.run(measure_throughput, executor)
-        logger.info("span [%d, %d): %.1f decode steps/s, %.0f prefill tokens/s", start, end,
-                    throughput.decode_steps_per_s, throughput.prefill_tokens_per_s)
+        logger.info(
+            "span [%d, %d): %.1f decode steps/s, %.0f prefill tokens/s",
+            start,
+            end,
+            throughput.decode_steps_per_s,
+            throughput.prefill_tokens_per_s,
+        )
         await dht.transport.serve(SPAN_PROTOCOL, partial(handle_stream, rt))
         announcer = Announcer(dht, rt, throughput, cfg.announce_period_s, cfg.public_name)
         await announcer.announce_once()
-        print(f"serving layers {start}:{end} of {manifest.model_id} as {dht.peer_id}", file=sys.stderr, flush=True)
+        print(
+            f"serving layers {start}:{end} of {manifest.model_id} as {dht.peer_id}",
+            file=sys.stderr,
+            flush=True,
+        )
         if ready is not None:
             ready.set()
         seeding = asyncio.create_task(publication.refresh_forever(dht))
@@ -129,8 +152,9 @@ async def _obtain_model(cfg: ServeConfig, dht: SwarmDHT, artifacts: ArtifactSess
     span = cfg.layers or await _choose_layers(dht, manifest, cfg.max_layers)
     _check_span(manifest, *span)
     dest = resolve_data_dir(cfg.data_dir) / "artifacts" / f"{cfg.model}.gguf"
-    path, manifest, publication = await acquire(dht, artifacts, cfg.model, dest,
-                                                lambda m: span_ranges(m, *span))
+    path, manifest, publication = await acquire(
+        dht, artifacts, cfg.model, dest, lambda m: span_ranges(m, *span)
+    )
     await publication.store(dht)
     return path, manifest, span, publication
 
@@ -158,10 +182,12 @@ def measure_throughput(executor: SpanExecutor, prefill_tokens: int = 64, decode_
     prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for i in range(decode_steps):
-        executor.forward(0, prefill_tokens + i, x[i: i + 1])
+        executor.forward(0, prefill_tokens + i, x[i : i + 1])
     decode_s = time.perf_counter() - t0
     executor.clear(0)
-    return Throughput(decode_steps_per_s=decode_steps / decode_s, prefill_tokens_per_s=prefill_tokens / prefill_s)
+    return Throughput(
+        decode_steps_per_s=decode_steps / decode_s, prefill_tokens_per_s=prefill_tokens / prefill_s
+    )
 
 
 async def _run_until_stopped(announcer: Announcer, stop: asyncio.Event | None) -> None:
@@ -197,7 +223,7 @@ async def _shutdown(rt: SpanRuntime, announcer: Announcer) -> None:
 
 def serve_forever(cfg: ServeConfig) -> None:
     """Blocking entry point for the CLI."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     asyncio.run(serve(cfg))
-

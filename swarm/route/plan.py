@@ -95,8 +95,10 @@ class RoutePlan:
 def _skip_reason(p: PeerSpan, n_layers: int, need_tokens: int, exclude: frozenset[str]) -> str | None:
     if p.peer_id in exclude:
         return "excluded"
-    speeds_ok = all(isinstance(v, (int, float)) and 0 < v < math.inf
-                    for v in (p.decode_steps_per_s, p.prefill_tokens_per_s))
+    speeds_ok = all(
+        isinstance(v, (int, float)) and 0 < v < math.inf
+        for v in (p.decode_steps_per_s, p.prefill_tokens_per_s)
+    )
     ints_ok = all(isinstance(v, int) for v in (p.start, p.end, p.free_cache_tokens, p.sessions_free))
     if not (ints_ok and speeds_ok and 0 <= p.start < p.end <= n_layers):
         return "bad_span"
@@ -184,11 +186,16 @@ def plan_route(
 
     covered = {layer for ps in by_start.values() for p in ps for layer in range(p.start, p.end)}
     missing = [layer for layer in range(start, end) if layer not in covered]
-    counts = {r: sum(1 for _, why in skipped if why == r)
-              for r in ("excluded", "no_session_slot", "cache_full")}
-    why = f"(skipped: {counts['excluded']} excluded, {counts['no_session_slot']} without a session slot, " \
-          f"{counts['cache_full']} without {need_tokens} free KV tokens)"
+    counts = {
+        r: sum(1 for _, why in skipped if why == r) for r in ("excluded", "no_session_slot", "cache_full")
+    }
+    why = (
+        f"(skipped: {counts['excluded']} excluded, {counts['no_session_slot']} without a session slot, "
+        f"{counts['cache_full']} without {need_tokens} free KV tokens)"
+    )
     if missing:
         raise NoRoute(f"no usable peer serves layers {_ranges(missing)} {why}", missing=tuple(missing))
-    raise NoRoute(f"every layer in [{start}, {end}) is served, but no chain of whole spans joins them: "
-                  f"span boundaries do not line up {why}")
+    raise NoRoute(
+        f"every layer in [{start}, {end}) is served, but no chain of whole spans joins them: "
+        f"span boundaries do not line up {why}"
+    )

@@ -15,7 +15,16 @@ def peer_spans(announcements: Iterable, rtt_ms: Mapping[str, float] | None = Non
         rtt_ms: peer id → measured round trip in ms.
     """
     rtt_ms = rtt_ms or {}
-    return [PeerSpan(peer_id=a.peer_id, start=a.start, end=a.end, decode_steps_per_s=a.decode_steps_per_s,
-                     prefill_tokens_per_s=a.prefill_tokens_per_s, free_cache_tokens=a.free_cache_tokens,
-                     sessions_free=a.sessions_free, rtt_ms=rtt_ms.get(a.peer_id))
-            for a in announcements]
+    return [
+        PeerSpan(
+            peer_id=a.peer_id,
+            start=a.start,
+            end=a.end,
+            decode_steps_per_s=a.decode_steps_per_s,
+            prefill_tokens_per_s=a.prefill_tokens_per_s,
+            free_cache_tokens=a.free_cache_tokens,
+            sessions_free=a.sessions_free,
+            rtt_ms=rtt_ms.get(a.peer_id),
+        )
+        for a in announcements
+    ]

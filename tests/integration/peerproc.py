@@ -26,7 +26,18 @@ def oracle(path, prompt: str, n: int) -> str:
 
 
 def serve_args(path, layers: str, *extra: str) -> tuple[str, ...]:
-    return ("serve", "--model", str(path), "--layers", layers, "--threads", "1", "--cache-tokens", "4096", *extra)
+    return (
+        "serve",
+        "--model",
+        str(path),
+        "--layers",
+        layers,
+        "--threads",
+        "1",
+        "--cache-tokens",
+        "4096",
+        *extra,
+    )
 
 
 class RawClient:
@@ -36,7 +47,8 @@ class RawClient:
         self.peer, self.model_id, self.span = peer, model_id, span
         self.loop = LoopThread()
         self.dht: SwarmDHT = self.loop.run(
-            SwarmDHT.start(peer.maddrs, client_mode=True, data_dir=str(tmp)), 60)
+            SwarmDHT.start(peer.maddrs, client_mode=True, data_dir=str(tmp)), 60
+        )
 
     def stream(self) -> StreamSession:
         opening = self.dht.transport.open_stream(self.peer.peer_id, self.peer.maddrs, SPAN_PROTOCOL)
@@ -58,12 +70,26 @@ class RawClient:
         with pytest.raises(PeerUnreachable):
             self.loop.run(stream.recv(REPLY_S), REPLY_S + 5)
 
-    def open_frame(self, *, max_tokens: int = 64, span: tuple[int, int] | None = None,
-                   model_id: str | None = None, client_id: str | None = None) -> bytes:
+    def open_frame(
+        self,
+        *,
+        max_tokens: int = 64,
+        span: tuple[int, int] | None = None,
+        model_id: str | None = None,
+        client_id: str | None = None,
+    ) -> bytes:
         start, end = span or self.span
-        return encode_frame(Open(session_id=os.urandom(16), client_id=client_id or self.dht.peer_id,
-                                 model_id=model_id or self.model_id, start=start, end=end,
-                                 max_tokens=max_tokens, sampling=SamplingParams()))
+        return encode_frame(
+            Open(
+                session_id=os.urandom(16),
+                client_id=client_id or self.dht.peer_id,
+                model_id=model_id or self.model_id,
+                start=start,
+                end=end,
+                max_tokens=max_tokens,
+                sampling=SamplingParams(),
+            )
+        )
 
     def open_session(self, max_tokens: int = 64) -> StreamSession:
         s = self.stream()

@@ -58,8 +58,23 @@ def test_fresh_peer_fetches_only_its_span_and_serves_it(torrent_swarm, smollm2_p
 def test_unknown_model_id_is_a_clear_error(torrent_swarm):
     ps, _, _ = torrent_swarm
     bogus = "ab" * 32
-    proc = subprocess.run([sys.executable, "-m", "swarm.cli", "chat", "--model", bogus, "--prompt", "hi",
-                           "--initial-peers", ps.started[0].maddrs[0]], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarm.cli",
+            "chat",
+            "--model",
+            bogus,
+            "--prompt",
+            "hi",
+            "--initial-peers",
+            ps.started[0].maddrs[0],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert f"unknown model {bogus[:16]}" in proc.stderr

@@ -16,10 +16,20 @@ import libtorrent as lt
 import pytest
 from gguf import GGUFReader
 
-from swarm.artifacts.plan import (pieces_bytes, pieces_for_ranges, span_byte_ranges, span_tensors,
-                                  tensors_touching_piece)
-from swarm.artifacts.records import (SeederRecord, decode_manifest, decode_seeder, encode_manifest,
-                                     encode_seeder)
+from swarm.artifacts.plan import (
+    pieces_bytes,
+    pieces_for_ranges,
+    span_byte_ranges,
+    span_tensors,
+    tensors_touching_piece,
+)
+from swarm.artifacts.records import (
+    SeederRecord,
+    decode_manifest,
+    decode_seeder,
+    encode_manifest,
+    encode_seeder,
+)
 from swarm.artifacts.session import ArtifactSession, SessionConfig
 from swarm.artifacts.torrent import make_torrent, parse_torrent
 from swarm.artifacts.verify import verify_file
@@ -51,8 +61,15 @@ def first_fetch(seeder, torrent, manifest, tmp_path_factory):
     """A fresh peer fetches span 10:20 from the seeder and keeps serving it for the module."""
     ranges = span_byte_ranges(manifest, *SPAN, need_embd=False, need_head=False)
     with ArtifactSession() as ses:
-        result = ses.fetch(torrent.data, manifest, tmp_path_factory.mktemp("f1") / "model.gguf", ranges,
-                           [seeder.address], timeout_s=120, progress=False)
+        result = ses.fetch(
+            torrent.data,
+            manifest,
+            tmp_path_factory.mktemp("f1") / "model.gguf",
+            ranges,
+            [seeder.address],
+            timeout_s=120,
+            progress=False,
+        )
         yield ses, result, ranges
 
 
@@ -83,8 +100,10 @@ def test_span_fetch_downloads_only_its_pieces_and_verifies(first_fetch, manifest
     _, result, ranges = first_fetch
     needed = sum(n for _, n in ranges)
     ratio = result.downloaded_bytes / needed
-    print(f"span {SPAN}: needed {needed} B (header + tensors), downloaded {result.downloaded_bytes} B, "
-          f"overfetch ratio {ratio:.4f}, {result.elapsed_s:.2f} s")
+    print(
+        f"span {SPAN}: needed {needed} B (header + tensors), downloaded {result.downloaded_bytes} B, "
+        f"overfetch ratio {ratio:.4f}, {result.elapsed_s:.2f} s"
+    )
     pieces = pieces_for_ranges(ranges, torrent.piece_size, torrent.file_size)
     assert result.wanted_bytes == pieces_bytes(pieces, torrent.piece_size, torrent.file_size)
     assert needed <= result.downloaded_bytes <= 1.1 * needed
@@ -131,18 +150,26 @@ def test_span_builds_from_the_sparse_file(first_fetch, smollm2_path, manifest, t
             assert a.data.tobytes() == b.data.tobytes(), a.name
 
 
-def test_second_fetcher_swarms_from_seeder_and_first_fetcher(first_fetch, seeder, torrent, manifest,
-                                                              tmp_path):
+def test_second_fetcher_swarms_from_seeder_and_first_fetcher(
+    first_fetch, seeder, torrent, manifest, tmp_path
+):
     ses1, _, ranges = first_fetch
     # a download cap keeps the transfer long enough (~1.5 s) for both peers to be asked for pieces
     with ArtifactSession(SessionConfig(download_limit_bytes_per_s=16 << 20)) as ses2:
-        result = ses2.fetch(torrent.data, manifest, tmp_path / "m.gguf", ranges,
-                            [seeder.address, ses1.address], timeout_s=120, progress=False)
+        result = ses2.fetch(
+            torrent.data,
+            manifest,
+            tmp_path / "m.gguf",
+            ranges,
+            [seeder.address, ses1.address],
+            timeout_s=120,
+            progress=False,
+        )
     by_peer = result.bytes_by_peer
     print(f"second fetcher got {by_peer}")
     assert by_peer.get(f"127.0.0.1:{seeder.port}", 0) > 0
     assert by_peer.get(f"127.0.0.1:{ses1.port}", 0) > 0
-    assert sum(by_peer.values()) == result.wanted_bytes <= result.downloaded_bytes   # + endgame duplicates
+    assert sum(by_peer.values()) == result.wanted_bytes <= result.downloaded_bytes  # + endgame duplicates
 
 
 def test_metadata_by_infohash_is_enough_to_fetch(seeder, torrent, manifest, tmp_path):
@@ -150,8 +177,9 @@ def test_metadata_by_infohash_is_enough_to_fetch(seeder, torrent, manifest, tmp_
     with ArtifactSession() as ses:
         data = ses.fetch_metadata(torrent.infohash, manifest, [seeder.address], timeout_s=30)
         assert parse_torrent(data, manifest).infohash == torrent.infohash and len(data) < len(torrent.data)
-        result = ses.fetch(data, manifest, tmp_path / "m.gguf", ranges, [seeder.address], timeout_s=60,
-                           progress=False)
+        result = ses.fetch(
+            data, manifest, tmp_path / "m.gguf", ranges, [seeder.address], timeout_s=60, progress=False
+        )
         for t in span_tensors(manifest, 28, 30, need_embd=False, need_head=True):
             assert _sha(result.path, t.offset, t.nbytes) == t.sha256, t.name
         other = dataclasses.replace(manifest, n_embd=manifest.n_embd + 1)
@@ -171,10 +199,13 @@ def test_corrupt_peer_is_detected_banned_and_bypassed(smollm2_path, manifest, to
     shutil.copyfile(smollm2_path, bad_copy)
     ranges = span_byte_ranges(manifest, *span, need_embd=False, need_head=False)
     first_tensor = span_tensors(manifest, *span, need_embd=False, need_head=False)[0]
-    with ArtifactSession(SessionConfig(upload_limit_bytes_per_s=2 << 20)) as honest, \
-            ArtifactSession() as bad, ArtifactSession() as fetcher:
+    with (
+        ArtifactSession(SessionConfig(upload_limit_bytes_per_s=2 << 20)) as honest,
+        ArtifactSession() as bad,
+        ArtifactSession() as fetcher,
+    ):
         honest.seed(smollm2_path, torrent.data)
-        bad.seed(bad_copy, torrent.data)   # checked while intact; now corrupt what it serves
+        bad.seed(bad_copy, torrent.data)  # checked while intact; now corrupt what it serves
         with open(bad_copy, "r+b") as f:
             for piece in pieces_for_ranges(ranges, torrent.piece_size, torrent.file_size):
                 off = max(piece * torrent.piece_size, first_tensor.offset)
@@ -184,8 +215,15 @@ def test_corrupt_peer_is_detected_banned_and_bypassed(smollm2_path, manifest, to
                 f.write(bytes([byte[0] ^ 0xFF]))
         caplog.set_level(logging.WARNING, logger="swarm.artifacts")
         bad_addr, honest_addr = f"127.0.0.1:{bad.port}", f"127.0.0.1:{honest.port}"
-        result = fetcher.fetch(torrent.data, manifest, tmp_path / "out.gguf", ranges,
-                               [bad.address, honest.address], timeout_s=120, progress=False)
+        result = fetcher.fetch(
+            torrent.data,
+            manifest,
+            tmp_path / "out.gguf",
+            ranges,
+            [bad.address, honest.address],
+            timeout_s=120,
+            progress=False,
+        )
     assert result.failed_pieces, "the corrupt peer sent no piece; the test proved nothing"
     assert bad_addr in result.banned_peers
     assert result.banned_peers == (bad_addr,) and result.bytes_by_peer[honest_addr] > 0
@@ -211,10 +249,13 @@ def test_interrupted_fetch_resumes_without_refetching(seeder, torrent, manifest,
     had = sum(lt.read_resume_data(dest.with_name("r.gguf.resume").read_bytes()).have_pieces)
     assert had > 0
     with ArtifactSession() as again:
-        result = again.fetch(torrent.data, manifest, dest, ranges, [seeder.address], timeout_s=120,
-                             progress=False)
-    print(f"resume: first run kept {had} pieces; second run downloaded {result.downloaded_bytes} "
-          f"of {result.wanted_bytes} B")
+        result = again.fetch(
+            torrent.data, manifest, dest, ranges, [seeder.address], timeout_s=120, progress=False
+        )
+    print(
+        f"resume: first run kept {had} pieces; second run downloaded {result.downloaded_bytes} "
+        f"of {result.wanted_bytes} B"
+    )
     # no piece the first run had was fetched again (blocks of its unfinished pieces were kept too)
     fetched = sum(result.bytes_by_peer.values())
     assert 0 < fetched <= result.wanted_bytes - had * torrent.piece_size
@@ -236,8 +277,15 @@ def test_no_seeders_fails_within_the_stall_timeout(torrent, manifest, tmp_path):
         for peers in ([], [("127.0.0.1", _free_port())]):
             t0 = time.monotonic()
             with pytest.raises(ArtifactError, match="no seeder sent data"):
-                ses.fetch(torrent.data, manifest, tmp_path / "n.gguf", ranges, peers, stall_timeout_s=1.5,
-                          progress=False)
+                ses.fetch(
+                    torrent.data,
+                    manifest,
+                    tmp_path / "n.gguf",
+                    ranges,
+                    peers,
+                    stall_timeout_s=1.5,
+                    progress=False,
+                )
             assert time.monotonic() - t0 < 6
         with pytest.raises(ArtifactError, match="bad peer address"):
             ses.fetch(torrent.data, manifest, tmp_path / "n.gguf", ranges, [("not-an-ip", 1)], progress=False)
@@ -271,8 +319,12 @@ def test_seeding_a_file_that_does_not_match_fails(torrent, smollm2_path, tmp_pat
 def tiny_disk(tmp_path):
     mnt = tmp_path / "tiny"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a 4 MiB tmpfs here (needs root) to fill a disk")
     yield mnt
     subprocess.run(["umount", str(mnt)], check=True)
@@ -282,8 +334,15 @@ def test_full_disk_is_a_clear_error(tiny_disk, seeder, torrent, manifest):
     ranges = span_byte_ranges(manifest, *SPAN, need_embd=False, need_head=False)
     with ArtifactSession() as ses:
         with pytest.raises(ArtifactError, match="disk full"):
-            ses.fetch(torrent.data, manifest, tiny_disk / "m.gguf", ranges, [seeder.address], timeout_s=60,
-                      progress=False)
+            ses.fetch(
+                torrent.data,
+                manifest,
+                tiny_disk / "m.gguf",
+                ranges,
+                [seeder.address],
+                timeout_s=60,
+                progress=False,
+            )
     assert not (tiny_disk / "m.gguf").exists()
 
 

@@ -55,9 +55,20 @@ def poll(loop, probe, deadline_s: float = 15.0):
 
 def announcement(node: SwarmDHT, model_id: str = MODEL, **changes) -> Announcement:
     ann = Announcement(
-        peer_id=node.peer_id, addrs=tuple(node.visible_maddrs()), model_id=model_id, start=10, end=20,
-        decode_steps_per_s=150.25, prefill_tokens_per_s=480.5, free_cache_tokens=32768, max_sessions=4,
-        sessions_free=3, version="0.1.0", protocol=1, public_name="bob", expires_at=0.0,
+        peer_id=node.peer_id,
+        addrs=tuple(node.visible_maddrs()),
+        model_id=model_id,
+        start=10,
+        end=20,
+        decode_steps_per_s=150.25,
+        prefill_tokens_per_s=480.5,
+        free_cache_tokens=32768,
+        max_sessions=4,
+        sessions_free=3,
+        version="0.1.0",
+        protocol=1,
+        public_name="bob",
+        expires_at=0.0,
     )
     return dataclasses.replace(ann, **changes)
 
@@ -67,8 +78,10 @@ def test_maddrs_name_the_peer(nodes):
     assert a.peer_id != b.peer_id
     for node in nodes:
         assert node.visible_maddrs()
-        assert all(m.startswith("/ip4/127.0.0.1/tcp/") and m.endswith(f"/p2p/{node.peer_id}")
-                   for m in node.visible_maddrs())
+        assert all(
+            m.startswith("/ip4/127.0.0.1/tcp/") and m.endswith(f"/p2p/{node.peer_id}")
+            for m in node.visible_maddrs()
+        )
 
 
 def test_announce_read_back_withdraw(loop, nodes):
@@ -203,13 +216,18 @@ def test_forged_unsigned_and_malformed_records_are_rejected(loop, nodes, tmp_pat
     b_marker = ANNOUNCE_SUBKEY_TAG + b._owner_marker
     own_marker = ANNOUNCE_SUBKEY_TAG + own.local_public_key
     ann_b = encode_announcement(announcement(b, model, expires_at=get_dht_time() + 60))
-    ann_own = encode_announcement(announcement(b, model, peer_id=attacker_id.peer_id,
-                                               expires_at=get_dht_time() + 60))
+    ann_own = encode_announcement(
+        announcement(b, model, peer_id=attacker_id.peer_id, expires_at=get_dht_time() + 60)
+    )
     exp = get_dht_time() + 60
 
     unsigned = hivemind.DHT(initial_peers=a.visible_maddrs(), start=True, client_mode=True)
-    forger = hivemind.DHT(initial_peers=a.visible_maddrs(), start=True, client_mode=True,
-                          record_validators=[_SignAnythingValidator(attacker_id.private_key)])
+    forger = hivemind.DHT(
+        initial_peers=a.visible_maddrs(),
+        start=True,
+        client_mode=True,
+        record_validators=[_SignAnythingValidator(attacker_id.private_key)],
+    )
     try:
         # B's subkey, no signature at all
         assert unsigned.store(key, ann_b, exp, subkey=b_marker) is False
@@ -253,14 +271,18 @@ def test_corrupt_identity_file_is_a_clear_error(tmp_path):
 def test_same_identity_twice_online_is_refused(loop, nodes):
     a, b, _ = nodes
     with pytest.raises(DHTError):
-        loop.run_until_complete(SwarmDHT.start(a.visible_maddrs(), data_dir=b.identity.data_dir,
-                                               startup_timeout_s=20))
+        loop.run_until_complete(
+            SwarmDHT.start(a.visible_maddrs(), data_dir=b.identity.data_dir, startup_timeout_s=20)
+        )
 
 
-@pytest.mark.parametrize("bootstrap", [
-    "/ip4/not-an-ip/tcp/1",
-    "/ip4/127.0.0.1/tcp/9/p2p/QmXnSzCJUSkzKWfNki6cn7BAEHCHDLi3YKf7faWJzqg9Fn",  # nobody listens there
-])
+@pytest.mark.parametrize(
+    "bootstrap",
+    [
+        "/ip4/not-an-ip/tcp/1",
+        "/ip4/127.0.0.1/tcp/9/p2p/QmXnSzCJUSkzKWfNki6cn7BAEHCHDLi3YKf7faWJzqg9Fn",  # nobody listens there
+    ],
+)
 def test_bad_bootstrap_address_is_a_clear_error(loop, tmp_path, bootstrap):
     t0 = time.monotonic()
     with pytest.raises(DHTError):
@@ -276,10 +298,16 @@ def test_run_dht_only_prints_maddrs_and_stops_on_sigterm(loop, tmp_path):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
-    code = ("import sys; from swarm.dht.node import run_dht_only; "
-            "run_dht_only([], '127.0.0.1', 0, sys.argv[1])")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "dhtonly")], cwd=repo,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    code = (
+        "import sys; from swarm.dht.node import run_dht_only; run_dht_only([], '127.0.0.1', 0, sys.argv[1])"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path / "dhtonly")],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         maddr = proc.stdout.readline().strip()
         expected_id = load_or_create_identity(tmp_path / "dhtonly").peer_id

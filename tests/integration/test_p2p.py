@@ -87,8 +87,9 @@ def test_echo_1000_round_trips_latency(loop, peers):
 
     async def run() -> list[float]:
         times_ms = []
-        async with await c1.transport.open_stream(server.node.peer_id, server.node.visible_maddrs(),
-                                                  ECHO) as stream:
+        async with await c1.transport.open_stream(
+            server.node.peer_id, server.node.visible_maddrs(), ECHO
+        ) as stream:
             for i in range(1000):
                 frame = i.to_bytes(4, "little") * (FRAME_BYTES // 4)
                 t0 = time.perf_counter()
@@ -100,8 +101,16 @@ def test_echo_1000_round_trips_latency(loop, peers):
 
     times_ms = sorted(loop.run_until_complete(run()))
     p50, p90 = statistics.median(times_ms), times_ms[int(0.9 * len(times_ms))]
-    print(json.dumps({"echo_frame_bytes": FRAME_BYTES, "round_trips": 1000, "p50_ms": round(p50, 3),
-                      "p90_ms": round(p90, 3)}))
+    print(
+        json.dumps(
+            {
+                "echo_frame_bytes": FRAME_BYTES,
+                "round_trips": 1000,
+                "p50_ms": round(p50, 3),
+                "p90_ms": round(p90, 3),
+            }
+        )
+    )
     assert p50 < 20.0  # loopback; NOTES measured ~0.1 ms
 
 
@@ -109,8 +118,9 @@ def test_two_clients_concurrently_and_remote_peer_id(loop, peers):
     server, c1, c2 = peers
 
     async def client(node: SwarmDHT, tag: bytes) -> bytes:
-        async with await node.transport.open_stream(server.node.peer_id, server.node.visible_maddrs(),
-                                                    WHOAMI) as stream:
+        async with await node.transport.open_stream(
+            server.node.peer_id, server.node.visible_maddrs(), WHOAMI
+        ) as stream:
             seen_as = await stream.recv(timeout_s=10)
             for i in range(200):
                 frame = tag + i.to_bytes(4, "little") * 500
@@ -193,6 +203,7 @@ def test_peer_dying_mid_stream_is_a_clear_error(loop, tmp_path):
         client = await SwarmDHT.start(doomed.visible_maddrs(), data_dir=tmp_path / "client")
         got_frame = asyncio.Event()
         try:
+
             async def silent(stream: StreamSession) -> None:
                 await stream.recv()
                 got_frame.set()

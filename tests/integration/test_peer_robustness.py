@@ -21,8 +21,7 @@ import pytest
 from swarm import Client
 from swarm.manifest import build_manifest
 from swarm.p2p import MAX_FRAME_BYTES
-from swarm.wire import (PROTOCOL_GENERATION, Error, ErrorCode, Forward, Hidden, Token,
-                        encode_frame)
+from swarm.wire import PROTOCOL_GENERATION, Error, ErrorCode, Forward, Hidden, Token, encode_frame
 
 from peerproc import PeerSet, RawClient, oracle, serve_args
 
@@ -108,8 +107,12 @@ def test_other_protocol_generation(raw):
 
 def test_forward_before_open(raw):
     s = raw.stream()
-    expect_error(raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=hidden()))), ErrorCode.PROTOCOL,
-                 "first frame must be open", "Forward")
+    expect_error(
+        raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=hidden()))),
+        ErrorCode.PROTOCOL,
+        "first frame must be open",
+        "Forward",
+    )
     raw.assert_closed(s)
 
 
@@ -131,16 +134,26 @@ def test_open_for_another_client_is_forbidden(raw, peer):
 
 def test_open_larger_than_the_cache_is_busy(raw):
     s = raw.stream()
-    expect_error(raw.ask(s, raw.open_frame(max_tokens=CACHE_TOKENS + 1)), ErrorCode.BUSY,
-                 f"{CACHE_TOKENS + 1} KV tokens", f"{CACHE_TOKENS} are free")
+    expect_error(
+        raw.ask(s, raw.open_frame(max_tokens=CACHE_TOKENS + 1)),
+        ErrorCode.BUSY,
+        f"{CACHE_TOKENS + 1} KV tokens",
+        f"{CACHE_TOKENS} are free",
+    )
     raw.assert_closed(s)
 
 
 def test_open_beyond_the_context_cap_is_refused(raw):
-    header = {"k": "open", "session_id": os.urandom(16), "client_id": raw.dht.peer_id,
-              "model_id": raw.model_id,
-              "start": 0, "end": 30, "max_tokens": 131_073,
-              "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0}}
+    header = {
+        "k": "open",
+        "session_id": os.urandom(16),
+        "client_id": raw.dht.peer_id,
+        "model_id": raw.model_id,
+        "start": 0,
+        "end": 30,
+        "max_tokens": 131_073,
+        "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0},
+    }
     s = raw.stream()
     expect_error(raw.ask(s, raw_frame(header)), ErrorCode.PROTOCOL, "max_tokens", "131072")
     raw.assert_closed(s)
@@ -161,16 +174,30 @@ def test_oversized_frame_closes_only_that_stream(raw):
 
 def test_bad_forwards_keep_the_session(raw):
     s = raw.open_session()
-    expect_error(raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=hidden(cols=100), sample=True))),
-                 ErrorCode.BAD_REQUEST, "hidden size 100", str(N_EMBD))
+    expect_error(
+        raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=hidden(cols=100), sample=True))),
+        ErrorCode.BAD_REQUEST,
+        "hidden size 100",
+        str(N_EMBD),
+    )
     nan = hidden(2)
     nan[1, 7] = np.nan
-    expect_error(raw.ask(s, encode_frame(Forward(step=1, pos0=0, hidden=nan, sample=True))),
-                 ErrorCode.BAD_REQUEST, "NaN or infinite")
-    expect_error(raw.ask(s, encode_frame(Forward(step=2, pos0=5, hidden=hidden(), sample=True))),
-                 ErrorCode.BAD_REQUEST, "position 5", "at 0")
-    expect_error(raw.ask(s, encode_frame(Forward(step=3, pos0=0, hidden=hidden(65), sample=True))),
-                 ErrorCode.BAD_REQUEST, "65")  # past the 64 tokens reserved at open
+    expect_error(
+        raw.ask(s, encode_frame(Forward(step=1, pos0=0, hidden=nan, sample=True))),
+        ErrorCode.BAD_REQUEST,
+        "NaN or infinite",
+    )
+    expect_error(
+        raw.ask(s, encode_frame(Forward(step=2, pos0=5, hidden=hidden(), sample=True))),
+        ErrorCode.BAD_REQUEST,
+        "position 5",
+        "at 0",
+    )
+    expect_error(
+        raw.ask(s, encode_frame(Forward(step=3, pos0=0, hidden=hidden(65), sample=True))),
+        ErrorCode.BAD_REQUEST,
+        "65",
+    )  # past the 64 tokens reserved at open
     # None of those advanced the session: position 0 works, then position 1.
     first = raw.ask(s, encode_frame(Forward(step=4, pos0=0, hidden=hidden(3), sample=True)))
     assert isinstance(first, Token) and first.step == 4
@@ -182,16 +209,24 @@ def test_non_final_span_answers_hidden_and_refuses_bad_forwards(half):
     s = half.open_session()
     x = hidden(4)
     x[2, 3] = np.inf
-    expect_error(half.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=x))), ErrorCode.BAD_REQUEST,
-                 "NaN or infinite")
-    expect_error(half.ask(s, encode_frame(Forward(step=1, pos0=0, hidden=hidden(1, cols=N_EMBD + 1)))),
-                 ErrorCode.BAD_REQUEST, f"hidden size {N_EMBD + 1}")
+    expect_error(
+        half.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=x))), ErrorCode.BAD_REQUEST, "NaN or infinite"
+    )
+    expect_error(
+        half.ask(s, encode_frame(Forward(step=1, pos0=0, hidden=hidden(1, cols=N_EMBD + 1)))),
+        ErrorCode.BAD_REQUEST,
+        f"hidden size {N_EMBD + 1}",
+    )
     reply = half.ask(s, encode_frame(Forward(step=2, pos0=0, hidden=hidden(4))))
     assert isinstance(reply, Hidden) and reply.step == 2
     assert reply.hidden.shape == (4, N_EMBD) and np.isfinite(reply.hidden).all()
     assert not np.allclose(reply.hidden, hidden(4))  # 15 layers changed the residual stream
-    expect_error(half.ask(s, encode_frame(Forward(step=3, pos0=3, hidden=hidden()))), ErrorCode.BAD_REQUEST,
-                 "position 3", "at 4")
+    expect_error(
+        half.ask(s, encode_frame(Forward(step=3, pos0=3, hidden=hidden()))),
+        ErrorCode.BAD_REQUEST,
+        "position 3",
+        "at 4",
+    )
     half.send(s, b"\x01\x00\x00")  # a header length of 0: not a msgpack map
     expect_error(half.recv(s), ErrorCode.PROTOCOL, "malformed frame header")
     half.assert_closed(s)
@@ -200,17 +235,30 @@ def test_non_final_span_answers_hidden_and_refuses_bad_forwards(half):
 def test_truncated_tensor_bytes_end_the_stream(raw):
     s = raw.open_session()
     body = encode_frame(Forward(step=0, pos0=0, hidden=hidden(2), sample=True))
-    expect_error(raw.ask(s, body[:-4]), ErrorCode.PROTOCOL, f"needs {2 * N_EMBD * 4} B",
-                 f"carries {2 * N_EMBD * 4 - 4} B")
+    expect_error(
+        raw.ask(s, body[:-4]),
+        ErrorCode.PROTOCOL,
+        f"needs {2 * N_EMBD * 4} B",
+        f"carries {2 * N_EMBD * 4 - 4} B",
+    )
     raw.assert_closed(s)
 
 
 def test_wrong_dtype_ends_the_stream(raw):
     s = raw.open_session()
-    header = {"k": "forward", "step": 0, "pos0": 0, "sample": True, "want_logits": False, "all_logits": False,
-              "dtype": "f64", "shape": [1, N_EMBD]}
-    expect_error(raw.ask(s, raw_frame(header, hidden().astype(np.float64).tobytes())), ErrorCode.PROTOCOL,
-                 "dtype")
+    header = {
+        "k": "forward",
+        "step": 0,
+        "pos0": 0,
+        "sample": True,
+        "want_logits": False,
+        "all_logits": False,
+        "dtype": "f64",
+        "shape": [1, N_EMBD],
+    }
+    expect_error(
+        raw.ask(s, raw_frame(header, hidden().astype(np.float64).tobytes())), ErrorCode.PROTOCOL, "dtype"
+    )
     raw.assert_closed(s)
 
 
@@ -241,8 +289,11 @@ def test_bad_stream_does_not_disturb_a_running_session(raw, peer, smollm2_path, 
     n_bad = 0
     while t.is_alive() and n_bad < 50:
         s = raw.open_session()
-        expect_error(raw.ask(s, encode_frame(Forward(step=0, pos0=9, hidden=hidden(), sample=True))),
-                     ErrorCode.BAD_REQUEST, "position 9")
+        expect_error(
+            raw.ask(s, encode_frame(Forward(step=0, pos0=9, hidden=hidden(), sample=True))),
+            ErrorCode.BAD_REQUEST,
+            "position 9",
+        )
         expect_error(raw.ask(s, b"\x01\xff\xff"), ErrorCode.PROTOCOL)
         raw.assert_closed(s)
         n_bad += 1

@@ -32,8 +32,9 @@ def base(smollm2_path, tmp_path_factory):
     """Peers for [0, 15) (the bootstrap) and [15, 30), refreshing their records every second."""
     ps = PeerSet(tmp_path_factory.mktemp("faults_base"))
     b0 = ps.start("b0", *serve_args(smollm2_path, "0:15", "--new-swarm", "--announce-period", "1"))
-    ps.start("b1", *serve_args(smollm2_path, "15:30", "--initial-peers", b0.maddrs[0],
-                               "--announce-period", "1"))
+    ps.start(
+        "b1", *serve_args(smollm2_path, "15:30", "--initial-peers", b0.maddrs[0], "--announce-period", "1")
+    )
     yield ps
     ps.stop_all()
 
@@ -135,8 +136,9 @@ def test_full_peer_is_routed_around(base, smollm2_path, watcher, model_id, expec
         assert c.stop() == 0
 
 
-def test_busy_peer_with_a_stale_record_makes_the_client_reroute(base, smollm2_path, watcher, model_id,
-                                                                expected, tmp_path):
+def test_busy_peer_with_a_stale_record_makes_the_client_reroute(
+    base, smollm2_path, watcher, model_id, expected, tmp_path
+):
     # A long period: the record keeps saying "1 session free" while the only slot is taken.
     c = start_whole(base, smollm2_path, "stale", "--max-sessions", "1", "--announce-period", "120")
     raw = RawClient(c, model_id, tmp_path / "raw")

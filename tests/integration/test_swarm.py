@@ -78,9 +78,33 @@ def test_qwen_in_two_spans(qwen_path, peers):
 
 def test_serve_without_layers_takes_the_least_covered_span(smollm2_path, peers):
     first = peers.start("f0", *serve_args(smollm2_path, "0:10", "--new-swarm"))
-    second = peers.start("f1", "serve", "--model", str(smollm2_path), "--max-layers", "10", "--threads", "1",
-                         "--cache-tokens", "1024", "--initial-peers", first.maddrs[0])
+    second = peers.start(
+        "f1",
+        "serve",
+        "--model",
+        str(smollm2_path),
+        "--max-layers",
+        "10",
+        "--threads",
+        "1",
+        "--cache-tokens",
+        "1024",
+        "--initial-peers",
+        first.maddrs[0],
+    )
     assert "serving layers 10:20 " in second.stderr_text()
-    third = peers.start("f2", "serve", "--model", str(smollm2_path), "--max-layers", "10", "--threads", "1",
-                        "--cache-tokens", "1024", "--initial-peers", first.maddrs[0])
+    third = peers.start(
+        "f2",
+        "serve",
+        "--model",
+        str(smollm2_path),
+        "--max-layers",
+        "10",
+        "--threads",
+        "1",
+        "--cache-tokens",
+        "1024",
+        "--initial-peers",
+        first.maddrs[0],
+    )
     assert "serving layers 20:30 " in third.stderr_text()

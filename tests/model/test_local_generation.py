@@ -69,8 +69,10 @@ def test_stop_string_ends_generation(smol):
 
 
 def test_chat_equals_llama_cpp_chat_completion(smol, smollm2_path):
-    messages = [{"role": "system", "content": "You answer in one sentence."},
-                {"role": "user", "content": "What is 2+2?"}]
+    messages = [
+        {"role": "system", "content": "You answer in one sentence."},
+        {"role": "user", "content": "What is 2+2?"},
+    ]
     oracle = llama_cpp.Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=2, verbose=False)
     expected = oracle.create_chat_completion(messages, max_tokens=24, temperature=0.0)
     got = smol.chat(messages, max_new_tokens=24)
@@ -80,13 +82,16 @@ def test_chat_equals_llama_cpp_chat_completion(smol, smollm2_path):
     assert ids.count(im_start) == 3  # SmolLM2's ChatML template: system, user, assistant turns
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(prompt=""), "empty prompt"),
-    (dict(prompt="hi", max_new_tokens=0), "max_new_tokens must be >= 1"),
-    (dict(prompt="hi " * 600, max_new_tokens=4), "exceeds the model's context of 512"),
-    (dict(prompt="hi", max_new_tokens=600), "exceeds the model's context of 512"),
-    (dict(prompt="hi", temperature=-1.0), "temperature"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(prompt=""), "empty prompt"),
+        (dict(prompt="hi", max_new_tokens=0), "max_new_tokens must be >= 1"),
+        (dict(prompt="hi " * 600, max_new_tokens=4), "exceeds the model's context of 512"),
+        (dict(prompt="hi", max_new_tokens=600), "exceeds the model's context of 512"),
+        (dict(prompt="hi", temperature=-1.0), "temperature"),
+    ],
+)
 def test_bad_requests_are_refused(smol, kwargs, message):
     with pytest.raises(RequestError, match=message):
         smol.generate(**kwargs)

@@ -11,8 +11,17 @@ from swarm.route.plan import plan_route
 
 
 def test_no_faults_every_request_routes_first_try():
-    rep = run(Scenario(name="calm", n_peers=90, steps=5, requests_per_step=20, sessions_per_peer=64,
-                       session_tokens=512, seed=5))
+    rep = run(
+        Scenario(
+            name="calm",
+            n_peers=90,
+            steps=5,
+            requests_per_step=20,
+            sessions_per_peer=64,
+            session_tokens=512,
+            seed=5,
+        )
+    )
     assert rep.requests == 100 and rep.routed == 100
     assert set(rep.attempts) == {1}
     assert set(rep.hops) == {3}

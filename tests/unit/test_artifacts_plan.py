@@ -2,8 +2,15 @@
 
 import pytest
 
-from swarm.artifacts.plan import (merge_ranges, pieces_bytes, pieces_for_ranges, span_byte_ranges,
-                                  span_tensors, tensors_in_pieces, tensors_touching_piece)
+from swarm.artifacts.plan import (
+    merge_ranges,
+    pieces_bytes,
+    pieces_for_ranges,
+    span_byte_ranges,
+    span_tensors,
+    tensors_in_pieces,
+    tensors_touching_piece,
+)
 from swarm.errors import ArtifactError
 from swarm.manifest import Manifest, TensorInfo
 
@@ -17,15 +24,25 @@ def _manifest(tied: bool) -> Manifest:
         tensors.append(TensorInfo(name, 0, (n,), off, n, "0" * 64, layer))
         off += n
 
-    add("token_embd.weight", 400)                     # [100, 500)
+    add("token_embd.weight", 400)  # [100, 500)
     for i in range(3):
-        add(f"blk.{i}.attn_q.weight", 60, i)          # blk0: [500, 560) [560, 600)
-        add(f"blk.{i}.ffn_up.weight", 40, i)          # blk1: [600, 700)  blk2: [700, 800)
-    add("output_norm.weight", 20)                     # [800, 820)
+        add(f"blk.{i}.attn_q.weight", 60, i)  # blk0: [500, 560) [560, 600)
+        add(f"blk.{i}.ffn_up.weight", 40, i)  # blk1: [600, 700)  blk2: [700, 800)
+    add("output_norm.weight", 20)  # [800, 820)
     if not tied:
-        add("output.weight", 180)                     # [820, 1000)
-    return Manifest(arch="llama", n_layers=3, n_embd=8, n_vocab=50, hparams={}, tokenizer_sha256="0" * 64,
-                    header_sha256="0" * 64, file_size=off, data_offset=100, tensors=tuple(tensors))
+        add("output.weight", 180)  # [820, 1000)
+    return Manifest(
+        arch="llama",
+        n_layers=3,
+        n_embd=8,
+        n_vocab=50,
+        hparams={},
+        tokenizer_sha256="0" * 64,
+        header_sha256="0" * 64,
+        file_size=off,
+        data_offset=100,
+        tensors=tuple(tensors),
+    )
 
 
 def test_middle_span_is_header_plus_its_blocks():

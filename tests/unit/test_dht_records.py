@@ -32,9 +32,20 @@ PEER_ID = peer_id_of_public_key(KEY.get_public_key())
 
 def make_ann(**changes) -> Announcement:
     ann = Announcement(
-        peer_id=PEER_ID, addrs=(f"/ip4/127.0.0.1/tcp/4001/p2p/{PEER_ID}",), model_id="0123456789abcdef" * 4,
-        start=3, end=17, decode_steps_per_s=120.5, prefill_tokens_per_s=900.0, free_cache_tokens=65536,
-        max_sessions=8, sessions_free=5, version="0.1.0", protocol=1, public_name="alice", expires_at=1.7e9,
+        peer_id=PEER_ID,
+        addrs=(f"/ip4/127.0.0.1/tcp/4001/p2p/{PEER_ID}",),
+        model_id="0123456789abcdef" * 4,
+        start=3,
+        end=17,
+        decode_steps_per_s=120.5,
+        prefill_tokens_per_s=900.0,
+        free_cache_tokens=65536,
+        max_sessions=8,
+        sessions_free=5,
+        version="0.1.0",
+        protocol=1,
+        public_name="alice",
+        expires_at=1.7e9,
     )
     return dataclasses.replace(ann, **changes)
 
@@ -55,12 +66,29 @@ def test_unknown_fields_are_ignored():
 @pytest.mark.parametrize(
     "field, bad",
     [
-        ("start", 17), ("start", 20), ("start", -1), ("end", MAX_LAYER + 1), ("start", 3.0), ("end", "17"),
-        ("decode_steps_per_s", 120), ("decode_steps_per_s", math.nan), ("prefill_tokens_per_s", -1.0),
-        ("decode_steps_per_s", math.inf), ("free_cache_tokens", -5), ("sessions_free", 9),
-        ("addrs", ["/ip4/1.2.3.4/tcp/1"] * (MAX_ADDRS + 1)), ("addrs", ["x" * 300]), ("addrs", "notalist"),
-        ("peer_id", "0OIl" * 10), ("peer_id", b"QmBytesNotStr" * 3), ("model_id", "XYZ"), ("model_id", "ab"),
-        ("version", "v" * 65), ("public_name", "n" * 65), ("protocol", True), ("expires_at", None),
+        ("start", 17),
+        ("start", 20),
+        ("start", -1),
+        ("end", MAX_LAYER + 1),
+        ("start", 3.0),
+        ("end", "17"),
+        ("decode_steps_per_s", 120),
+        ("decode_steps_per_s", math.nan),
+        ("prefill_tokens_per_s", -1.0),
+        ("decode_steps_per_s", math.inf),
+        ("free_cache_tokens", -5),
+        ("sessions_free", 9),
+        ("addrs", ["/ip4/1.2.3.4/tcp/1"] * (MAX_ADDRS + 1)),
+        ("addrs", ["x" * 300]),
+        ("addrs", "notalist"),
+        ("peer_id", "0OIl" * 10),
+        ("peer_id", b"QmBytesNotStr" * 3),
+        ("model_id", "XYZ"),
+        ("model_id", "ab"),
+        ("version", "v" * 65),
+        ("public_name", "n" * 65),
+        ("protocol", True),
+        ("expires_at", None),
     ],
 )
 def test_out_of_bounds_or_wrong_type_is_dropped(field, bad):

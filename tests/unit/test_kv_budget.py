@@ -34,8 +34,17 @@ def test_tokens_that_fit_rounds_down():
     assert tokens_that_fit(0, 12_288) == 0
 
 
-@pytest.mark.parametrize("args", [(0, 2, 64, 64), (24, 0, 64, 64), (24, 2, -1, 64), (24, 2, 64, 64, 0),
-                                  (24, 2.0, 64, 64), (True, 2, 64, 64)])
+@pytest.mark.parametrize(
+    "args",
+    [
+        (0, 2, 64, 64),
+        (24, 0, 64, 64),
+        (24, 2, -1, 64),
+        (24, 2, 64, 64, 0),
+        (24, 2.0, 64, 64),
+        (True, 2, 64, 64),
+    ],
+)
 def test_bad_hyperparameters_raise(args):
     with pytest.raises(RequestError):
         kv_bytes_per_token(*args)

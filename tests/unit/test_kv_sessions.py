@@ -130,8 +130,9 @@ def test_evict_idle_boundary_and_activity_keeps_alive():
     assert len(t) == 0 and t.free_cache_tokens == 1000
 
 
-@pytest.mark.parametrize("kw", [{"max_sessions": 0}, {"cache_tokens": 0}, {"idle_timeout_s": 0},
-                                {"idle_timeout_s": float("inf")}])
+@pytest.mark.parametrize(
+    "kw", [{"max_sessions": 0}, {"cache_tokens": 0}, {"idle_timeout_s": 0}, {"idle_timeout_s": float("inf")}]
+)
 def test_bad_table_arguments(kw):
     with pytest.raises(RequestError):
         _table(**kw)

@@ -7,8 +7,16 @@ from swarm.route.plan import DEFAULT_RTT_MS, PeerSpan, plan_route
 
 
 def span(pid, start, end, steps=100.0, rtt=10.0, cache=10_000, slots=4, prefill=1000.0):
-    return PeerSpan(pid, start, end, decode_steps_per_s=steps, prefill_tokens_per_s=prefill,
-                    free_cache_tokens=cache, sessions_free=slots, rtt_ms=rtt)
+    return PeerSpan(
+        pid,
+        start,
+        end,
+        decode_steps_per_s=steps,
+        prefill_tokens_per_s=prefill,
+        free_cache_tokens=cache,
+        sessions_free=slots,
+        rtt_ms=rtt,
+    )
 
 
 def chain(plan):
@@ -16,8 +24,13 @@ def chain(plan):
 
 
 def test_cheapest_chain_and_costs():
-    peers = [span("a", 0, 10, steps=100), span("a2", 0, 10, steps=50),
-             span("b", 10, 30, steps=200, rtt=4.0), span("c", 10, 20), span("d", 20, 30)]
+    peers = [
+        span("a", 0, 10, steps=100),
+        span("a2", 0, 10, steps=50),
+        span("b", 10, 30, steps=200, rtt=4.0),
+        span("c", 10, 20),
+        span("d", 20, 30),
+    ]
     plan = plan_route(peers, 30, need_tokens=512)
     assert chain(plan) == [("a", 0, 10), ("b", 10, 30)]
     assert [(h.compute_ms, h.network_ms) for h in plan.hops] == [(10.0, 10.0), (5.0, 4.0)]
@@ -48,8 +61,12 @@ def test_equal_cost_equal_hops_is_deterministic_by_peer_id():
 
 
 def test_capacity_skips():
-    peers = [span("full_slots", 0, 10, steps=1000, slots=0), span("full_cache", 0, 10, steps=1000, cache=99),
-             span("ok", 0, 10), span("tail", 10, 20)]
+    peers = [
+        span("full_slots", 0, 10, steps=1000, slots=0),
+        span("full_cache", 0, 10, steps=1000, cache=99),
+        span("ok", 0, 10),
+        span("tail", 10, 20),
+    ]
     plan = plan_route(peers, 20, need_tokens=100)
     assert chain(plan) == [("ok", 0, 10), ("tail", 10, 20)]
     assert set(plan.skipped) == {("full_slots", "no_session_slot"), ("full_cache", "cache_full")}
@@ -107,15 +124,22 @@ def test_partial_range_replans_from_a_boundary():
 
 
 def test_bad_announcements_are_skipped_not_fatal():
-    peers = [span("neg", -1, 10), span("past", 0, 31), span("empty", 5, 5), span("slow", 0, 10, steps=0.0),
-             span("nan", 0, 10, steps=float("nan")), span("ok", 0, 30)]
+    peers = [
+        span("neg", -1, 10),
+        span("past", 0, 31),
+        span("empty", 5, 5),
+        span("slow", 0, 10, steps=0.0),
+        span("nan", 0, 10, steps=float("nan")),
+        span("ok", 0, 30),
+    ]
     plan = plan_route(peers, 30, 1)
     assert chain(plan) == [("ok", 0, 30)]
     assert {pid for pid, why in plan.skipped if why == "bad_span"} == {"neg", "past", "empty", "slow", "nan"}
 
 
-@pytest.mark.parametrize("kw", [{"start": 5, "end": 5}, {"end": 31}, {"start": -1}, {"need_tokens": -1},
-                                {"default_rtt_ms": -1.0}])
+@pytest.mark.parametrize(
+    "kw", [{"start": 5, "end": 5}, {"end": 31}, {"start": -1}, {"need_tokens": -1}, {"default_rtt_ms": -1.0}]
+)
 def test_bad_arguments(kw):
     args = {"need_tokens": 1}
     args.update(kw)

@@ -81,17 +81,37 @@ def test_masked_tokens_are_never_drawn():
     assert toks == {0, 2}
 
 
-@pytest.mark.parametrize("kw", [{"temperature": -0.1}, {"temperature": float("nan")}, {"top_p": 0.0},
-                                {"top_p": 1.01}, {"top_k": -1}, {"top_k": 1.5}, {"seed": -1},
-                                {"seed": 2**64}, {"n_top_logprobs": 21}, {"top_k": True}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"temperature": -0.1},
+        {"temperature": float("nan")},
+        {"top_p": 0.0},
+        {"top_p": 1.01},
+        {"top_k": -1},
+        {"top_k": 1.5},
+        {"seed": -1},
+        {"seed": 2**64},
+        {"n_top_logprobs": 21},
+        {"top_k": True},
+    ],
+)
 def test_bad_params_raise(kw):
     with pytest.raises(RequestError):
         SamplingParams(**kw)
 
 
-@pytest.mark.parametrize("logits", [np.zeros((2, 3), np.float32), np.zeros(0, np.float32),
-                                    np.array([1.0, np.nan], np.float32), np.array([1, 2]),
-                                    np.array([-np.inf, -np.inf]), np.array([np.inf, 0.0])])
+@pytest.mark.parametrize(
+    "logits",
+    [
+        np.zeros((2, 3), np.float32),
+        np.zeros(0, np.float32),
+        np.array([1.0, np.nan], np.float32),
+        np.array([1, 2]),
+        np.array([-np.inf, -np.inf]),
+        np.array([np.inf, 0.0]),
+    ],
+)
 def test_bad_logits_raise(logits):
     with pytest.raises(RequestError):
         sample(logits, SamplingParams(), 0)

@@ -6,7 +6,7 @@ from swarm.client.text import DeltaDecoder
 def test_split_emoji_is_held_until_complete():
     d = DeltaDecoder()
     raw = "a😀b".encode()
-    deltas = [d.feed(raw[i:i + 1]) for i in range(len(raw))]
+    deltas = [d.feed(raw[i : i + 1]) for i in range(len(raw))]
     assert deltas == ["a", "", "", "", "😀", "b"]
     assert d.finish() == ""
     assert d.text == "a😀b"

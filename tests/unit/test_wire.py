@@ -34,17 +34,29 @@ H_PREFILL = RNG.standard_normal((5, 896)).astype(np.float16)
 
 def _frames():
     return [
-        Open(session_id=bytes(range(16)), client_id="12D3KooWclient", model_id="0123abcdef" * 6,
-             start=10, end=20, max_tokens=4096,
-             sampling=SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=2**63, n_top_logprobs=3)),
+        Open(
+            session_id=bytes(range(16)),
+            client_id="12D3KooWclient",
+            model_id="0123abcdef" * 6,
+            start=10,
+            end=20,
+            max_tokens=4096,
+            sampling=SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=2**63, n_top_logprobs=3),
+        ),
         OpenOk(reserved_tokens=4096),
         Error(code=ErrorCode.BUSY, message="no free session slot"),
         Forward(step=0, pos0=0, hidden=H_PREFILL),
         Forward(step=7, pos0=130, hidden=H576, sample=True, want_logits=True, all_logits=True),
         Hidden(step=7, hidden=H576, compute_ms=1.25),
         Token(step=7, token=42, logprob=-0.25, top=((42, -0.25), (7, -2.0)), compute_ms=0.5),
-        Token(step=8, token=0, logprob=float("-inf"), top=(), compute_ms=0.0,
-              logits=RNG.standard_normal((2, 100)).astype(np.float32)),
+        Token(
+            step=8,
+            token=0,
+            logprob=float("-inf"),
+            top=(),
+            compute_ms=0.0,
+            logits=RNG.standard_normal((2, 100)).astype(np.float32),
+        ),
         Truncate(pos=12),
         Close(),
     ]
@@ -90,8 +102,16 @@ def _raw(header, payload=b"", generation=PROTOCOL_GENERATION):
 
 
 def _fwd_header(**over):
-    h = {"k": "forward", "step": 1, "pos0": 0, "sample": False, "want_logits": False,
-         "all_logits": False, "dtype": "f32", "shape": [1, 4]}
+    h = {
+        "k": "forward",
+        "step": 1,
+        "pos0": 0,
+        "sample": False,
+        "want_logits": False,
+        "all_logits": False,
+        "dtype": "f32",
+        "shape": [1, 4],
+    }
     h.update(over)
     return h
 
@@ -128,14 +148,58 @@ def _fwd_header(**over):
         (_raw(_fwd_header(sample=1), bytes(16)), "'sample'"),
         (_raw(_fwd_header(all_logits=True), bytes(16)), "needs 'want_logits'"),
         (_raw(_fwd_header(pos0=131_072), bytes(16)), "'pos0'"),
-        (_raw({"k": "hidden", "step": 1, "compute_ms": float("nan"), "dtype": "f32", "shape": [1, 4]},
-              bytes(16)), "'compute_ms'"),
-        (_raw({"k": "token", "step": 1, "token": 3, "logprob": 0.5, "top": [], "compute_ms": 1.0,
-               "dtype": None, "shape": None}), "'logprob'"),
-        (_raw({"k": "token", "step": 1, "token": 3, "logprob": -0.5, "top": [[1]], "compute_ms": 1.0,
-               "dtype": None, "shape": None}), "'top'"),
-        (_raw({"k": "token", "step": 1, "token": 3, "logprob": -0.5, "top": [[1, -0.1]] * 21,
-               "compute_ms": 1.0, "dtype": None, "shape": None}), "'top'"),
+        (
+            _raw(
+                {"k": "hidden", "step": 1, "compute_ms": float("nan"), "dtype": "f32", "shape": [1, 4]},
+                bytes(16),
+            ),
+            "'compute_ms'",
+        ),
+        (
+            _raw(
+                {
+                    "k": "token",
+                    "step": 1,
+                    "token": 3,
+                    "logprob": 0.5,
+                    "top": [],
+                    "compute_ms": 1.0,
+                    "dtype": None,
+                    "shape": None,
+                }
+            ),
+            "'logprob'",
+        ),
+        (
+            _raw(
+                {
+                    "k": "token",
+                    "step": 1,
+                    "token": 3,
+                    "logprob": -0.5,
+                    "top": [[1]],
+                    "compute_ms": 1.0,
+                    "dtype": None,
+                    "shape": None,
+                }
+            ),
+            "'top'",
+        ),
+        (
+            _raw(
+                {
+                    "k": "token",
+                    "step": 1,
+                    "token": 3,
+                    "logprob": -0.5,
+                    "top": [[1, -0.1]] * 21,
+                    "compute_ms": 1.0,
+                    "dtype": None,
+                    "shape": None,
+                }
+            ),
+            "'top'",
+        ),
         (_raw({"k": "open_ok", "reserved_tokens": 131_073}), "'reserved_tokens'"),
     ],
 )
@@ -145,9 +209,16 @@ def test_malformed_frames_raise_protocol_error(body, match):
 
 
 def _open_header(**over):
-    h = {"k": "open", "session_id": bytes(16), "client_id": "c", "model_id": "ab", "start": 0, "end": 10,
-         "max_tokens": 10, "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0,
-                                        "n_top_logprobs": 0}}
+    h = {
+        "k": "open",
+        "session_id": bytes(16),
+        "client_id": "c",
+        "model_id": "ab",
+        "start": 0,
+        "end": 10,
+        "max_tokens": 10,
+        "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0},
+    }
     h.update(over)
     return h
 
@@ -163,8 +234,10 @@ def _open_header(**over):
         ({"start": 10, "end": 10}, "'end'"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 131_073}, "max_tokens"),
-        ({"sampling": {"temperature": -1.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0}},
-         "temperature"),
+        (
+            {"sampling": {"temperature": -1.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0}},
+            "temperature",
+        ),
         ({"sampling": {"temperature": 0.0}}, "'sampling'"),
         ({"sampling": [0.0, 1.0, 0, 0, 0]}, "'sampling'"),
     ],
@@ -211,7 +284,7 @@ def test_fuzz_decoder_raises_only_protocol_error():
                 if op == 0 and body:
                     body[pos] = rng.getrandbits(8)
                 elif op == 1:
-                    del body[pos:pos + rng.randrange(1, 8)]
+                    del body[pos : pos + rng.randrange(1, 8)]
                 else:
                     body[pos:pos] = bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 8)))
             body = bytes(body)
@@ -226,16 +299,42 @@ def test_fuzz_decoder_raises_only_protocol_error():
 
 def test_fuzz_header_fields_raise_only_protocol_error():
     rng = random.Random(99)
-    pool = [None, True, False, -1, 0, 1, 2**31, 2**64 - 1, -(2**63), 0.5, -0.0, float("nan"), float("inf"),
-            "", "f32", "f16", "busy", "x" * 300, b"", bytes(16), [], [1], [1, 4], [0, 0], {}, {"a": 1},
-            msgpack.ExtType(5, b"x")]
+    pool = [
+        None,
+        True,
+        False,
+        -1,
+        0,
+        1,
+        2**31,
+        2**64 - 1,
+        -(2**63),
+        0.5,
+        -0.0,
+        float("nan"),
+        float("inf"),
+        "",
+        "f32",
+        "f16",
+        "busy",
+        "x" * 300,
+        b"",
+        bytes(16),
+        [],
+        [1],
+        [1, 4],
+        [0, 0],
+        {},
+        {"a": 1},
+        msgpack.ExtType(5, b"x"),
+    ]
     valid = [encode_frame(f) for f in _frames()]
     kinds_decoded = set()
     for _ in range(4000):
         body = rng.choice(valid)
         hlen = struct.unpack_from(">H", body, 1)[0]
-        header = msgpack.unpackb(body[3:3 + hlen], raw=False)
-        payload = body[3 + hlen:]
+        header = msgpack.unpackb(body[3 : 3 + hlen], raw=False)
+        payload = body[3 + hlen :]
         for _ in range(rng.randrange(1, 3)):
             if not header:
                 break
