@@ -69,6 +69,7 @@ def bench_whole(path: Path, prompt: str, n_decode: int, threads: int, repeats: i
         n_threads=threads,
         n_threads_batch=threads,
         n_batch=512,
+        flash_attn=True,
         verbose=False,
     )
     tokens = llm.tokenize(prompt.encode())

@@ -129,13 +129,22 @@ def greedy(model: ReferenceModel, prompt: list[int], steps: int) -> tuple[list[i
     return tokens[len(prompt) :], maxima
 
 
+def teacher_forced(model: ReferenceModel, prompt: list[int], continuation: list[int]) -> torch.Tensor:
+    """Logits `[len(continuation), n_vocab]` predicting each continuation token from all before it."""
+    with torch.no_grad():
+        logits = model.forward(list(prompt) + list(continuation)[:-1])
+    return logits[len(prompt) - 1:]
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m swarm.reference --model PATH --tokens 1,2,3 --steps 16`: prints {"tokens": [...]}."""
+    """`python -m swarm.reference --model PATH --tokens 1,2,3 --steps 16`: prints {"tokens": [...]};
+    with `--teacher 4,5,6` prints {"logits": [[...], ...]} predicting each teacher token instead."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--tokens", required=True, help="comma-separated prompt token ids")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--teacher", default="", help="comma-separated continuation: print the logits predicting it")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
@@ -143,7 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     except UnsupportedArchitecture as e:
         print(f"swarm.reference: error: {e}", file=sys.stderr)
         return 1
-    tokens, maxima = greedy(model, [int(t) for t in args.tokens.split(",")], args.steps)
+    prompt = [int(t) for t in args.tokens.split(",")]
+    if args.teacher:
+        logits = teacher_forced(model, prompt, [int(t) for t in args.teacher.split(",")])
+        json.dump({"logits": logits.tolist()}, sys.stdout)
+        return 0
+    tokens, maxima = greedy(model, prompt, args.steps)
     json.dump({"tokens": tokens, "max_logits": maxima}, sys.stdout)
     return 0
 

@@ -43,7 +43,10 @@ def open_local_model(
         n_ctx = min(context_length(probe), MAX_CONTEXT_TOKENS)
         del probe
     threads = n_threads or default_threads()
-    return load_llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_batch)
+    # Flash attention as on the peers' executors, so local and swarm generations agree bit for bit.
+    return load_llama(
+        path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_batch, flash_attn=True
+    )
 
 
 class LocalEngine:

@@ -21,7 +21,7 @@ REPLY_S = 30.0
 
 
 def oracle(path, prompt: str, n: int) -> str:
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=1, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=1, flash_attn=True, verbose=False)
     return llm.create_completion(prompt, max_tokens=n, temperature=0.0)["choices"][0]["text"]
 
 

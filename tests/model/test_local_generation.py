@@ -14,7 +14,7 @@ PROMPT = "The three most important inventions of the twentieth century are"
 @pytest.mark.parametrize("fixture", ["smollm2_path", "qwen_path"])
 def test_greedy_equals_llama_cpp_create_completion(fixture, request):
     path = request.getfixturevalue(fixture)
-    oracle = llama_cpp.Llama(model_path=str(path), n_ctx=2048, n_threads=2, verbose=False)
+    oracle = llama_cpp.Llama(model_path=str(path), n_ctx=2048, n_threads=2, flash_attn=True, verbose=False)
     expected = oracle.create_completion(PROMPT, max_tokens=32, temperature=0.0)["choices"][0]["text"]
     del oracle
     client = Client(str(path), local=True, n_ctx=2048, n_threads=2)
@@ -73,7 +73,7 @@ def test_chat_equals_llama_cpp_chat_completion(smol, smollm2_path):
         {"role": "system", "content": "You answer in one sentence."},
         {"role": "user", "content": "What is 2+2?"},
     ]
-    oracle = llama_cpp.Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=2, verbose=False)
+    oracle = llama_cpp.Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=2, flash_attn=True, verbose=False)
     expected = oracle.create_chat_completion(messages, max_tokens=24, temperature=0.0)
     got = smol.chat(messages, max_new_tokens=24)
     assert got.text == expected["choices"][0]["message"]["content"]
