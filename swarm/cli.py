@@ -210,19 +210,8 @@ def _demo(args) -> int:
                 stream = client.chat_stream(
                     [{"role": "user", "content": args.prompt}], max_new_tokens=args.max_new_tokens
                 )
-                live = sys.stdout.isatty() and not args.json
-                for delta in stream:
-                    if live:
-                        print(delta, end="", flush=True)
-                result = stream.result
-            if args.json:
-                print(
-                    json.dumps(
-                        {"text": result.text, "telemetry": result.telemetry.to_dict()}, ensure_ascii=False
-                    )
-                )
-            else:
-                print("" if live else result.text)
+                result = _print_stream(stream, args.json)
+            if not args.json:
                 print(result.telemetry.summary(), file=sys.stderr)
         finally:
             peers.stop_all()
@@ -302,18 +291,22 @@ def _one_shot(client, args, sampling: dict) -> int:
         stream = client.stream(args.prompt, **sampling)
     else:
         stream = client.chat_stream([{"role": "user", "content": args.prompt}], **sampling)
-    live = sys.stdout.isatty() and not args.json
+    _print_stream(stream, args.json)
+    return 0
+
+
+def _print_stream(stream, as_json: bool):
+    """Print a generation: live deltas on a terminal, the text alone in a pipe, or one JSON object."""
+    live = sys.stdout.isatty() and not as_json
     for delta in stream:
         if live:
             print(delta, end="", flush=True)
     result = stream.result
-    if args.json:
+    if as_json:
         print(json.dumps({"text": result.text, "telemetry": result.telemetry.to_dict()}, ensure_ascii=False))
-    elif live:
-        print()
     else:
-        print(result.text)
-    return 0
+        print("" if live else result.text)
+    return result
 
 
 def _repl(client, sampling: dict) -> int:

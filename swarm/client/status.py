@@ -13,6 +13,7 @@ from swarm.client.remote import SwarmConnection
 from swarm.dht.records import Announcement
 from swarm.manifest import build_manifest
 from swarm.models import is_model_id, resolve_model
+from swarm.route.plan import layer_ranges
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class StatusReport:
         console = Console()
         console.print(table)
         console.print(
-            "all layers covered" if self.covered else f"layers not covered: {_ranges(self.missing)}"
+            "all layers covered" if self.covered else f"layers not covered: {layer_ranges(self.missing)}"
         )
 
 
@@ -102,13 +103,3 @@ def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
     return StatusReport(
         manifest.model_id, manifest.n_layers, tuple(peers), missing_layers(peers, manifest.n_layers)
     )
-
-
-def _ranges(layers: tuple[int, ...]) -> str:
-    runs: list[list[int]] = []
-    for layer in layers:
-        if runs and layer == runs[-1][1] + 1:
-            runs[-1][1] = layer
-        else:
-            runs.append([layer, layer])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

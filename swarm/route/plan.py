@@ -109,7 +109,7 @@ def _skip_reason(p: PeerSpan, n_layers: int, need_tokens: int, exclude: frozense
     return None
 
 
-def _ranges(layers: list[int]) -> str:
+def layer_ranges(layers) -> str:
     """Ascending layers as compact ranges: [1, 2, 3, 7] → "1-3, 7"."""
     runs: list[list[int]] = []
     for layer in layers:
@@ -194,7 +194,7 @@ def plan_route(
         f"{counts['cache_full']} without {need_tokens} free KV tokens)"
     )
     if missing:
-        raise NoRoute(f"no usable peer serves layers {_ranges(missing)} {why}", missing=tuple(missing))
+        raise NoRoute(f"no usable peer serves layers {layer_ranges(missing)} {why}", missing=tuple(missing))
     raise NoRoute(
         f"every layer in [{start}, {end}) is served, but no chain of whole spans joins them: "
         f"span boundaries do not line up {why}"
