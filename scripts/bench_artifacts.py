@@ -21,11 +21,31 @@ from swarm.manifest import build_manifest
 from swarm.models import resolve_model
 
 
+def time_fresh_peer(path: Path, start: int, end: int) -> dict:
+    """Seconds from starting `swarm serve --model <model_id>` (no local file) to its announcement."""
+    from swarm.localswarm import PeerSet
+
+    model_id = build_manifest(path).model_id
+    with tempfile.TemporaryDirectory() as root:
+        peers = PeerSet(Path(root))
+        try:
+            pub = peers.start("publisher", "publish", str(path), "--new-swarm", ready_marker="publishing")
+            t0 = time.monotonic()
+            fresh = peers.start("fresh", "serve", "--model", model_id, "--layers", f"{start}:{end}",
+                                "--threads", "1", "--initial-peers", pub.maddrs[0])
+            elapsed = time.monotonic() - t0
+            fetched = [ln for ln in fresh.stderr_text().splitlines() if "fetched" in ln and " in " in ln]
+        finally:
+            peers.stop_all()
+    return {"start_to_announce_s": round(elapsed, 2), "fetch_log": fetched[-1].split(": ", 1)[-1] if fetched else ""}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--end", type=int, default=12)
+    ap.add_argument("--no-serve", action="store_true", help="skip the fresh `swarm serve` timing")
     args = ap.parse_args()
     path = resolve_model(args.model)
     t0 = time.monotonic()
@@ -43,10 +63,12 @@ def main() -> None:
         result = fetcher.fetch(
             torrent.data, manifest, Path(tmp) / "model.gguf", ranges, [seeder.address], progress=False
         )
+    serve = None if args.no_serve else time_fresh_peer(path, args.start, args.end)
     print(
         json.dumps(
             {
                 "model": args.model,
+                "fresh_serve": serve,
                 "span": [args.start, args.end],
                 "piece_bytes": torrent.piece_size,
                 "needed_bytes": needed,
