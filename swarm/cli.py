@@ -116,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help="start a local swarm (a first peer + span peers), answer a prompt, stop it"
     )
     dm.add_argument("--model", default=DEFAULT_MODEL, help="NAME or PATH")
-    dm.add_argument("--spans", type=int, default=3, help="serving peers, each with a contiguous span")
+    dm.add_argument("--spans", type=_positive, default=3, help="serving peers, each with a contiguous span")
     dm.add_argument("--prompt", default="Name three planets of the solar system.")
     dm.add_argument("--max-new-tokens", type=int, default=64)
     dm.add_argument("--json", action="store_true", help="print text and telemetry as one JSON object")
@@ -139,6 +139,16 @@ def _add_peer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="peer identity directory (default $SWARM_HOME)")
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _layers(text: str) -> tuple[int, int]:
     try:
         a, b = (int(v) for v in text.split(":"))
@@ -152,8 +162,7 @@ def _layers(text: str) -> tuple[int, int]:
 def _serve(args) -> None:
     from swarm.peer.server import ServeConfig, serve_forever
 
-    if not args.initial_peers and not args.new_swarm:
-        raise SwarmError("pass --initial-peers MADDR to join a swarm, or --new-swarm to start one")
+    _check_swarm_choice(args)
     serve_forever(
         ServeConfig(
             model=args.model,
@@ -172,11 +181,15 @@ def _serve(args) -> None:
     )
 
 
+def _check_swarm_choice(args) -> None:
+    if bool(args.initial_peers) == bool(args.new_swarm):
+        raise SwarmError("pass either --initial-peers MADDR to join a swarm, or --new-swarm to start one")
+
+
 def _publish(args) -> None:
     from swarm.artifacts.publisher import run_publisher
 
-    if not args.initial_peers and not args.new_swarm:
-        raise SwarmError("pass --initial-peers MADDR to join a swarm, or --new-swarm to start one")
+    _check_swarm_choice(args)
     run_publisher(args.model, args.initial_peers, args.host, args.port, args.data_dir)
 
 
@@ -247,7 +260,7 @@ def _models_info(args) -> None:
     from swarm.manifest import build_manifest
     from swarm.models import resolve_model
 
-    path = resolve_model(args.model, cache=args.cache_dir, progress=True)
+    path = resolve_model(args.model, cache=args.cache_dir, fetch=False)
     manifest = build_manifest(path)
     if args.json:
         print(json.dumps({"model_id": manifest.model_id, **json.loads(manifest.to_bytes())}))

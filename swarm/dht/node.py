@@ -20,7 +20,9 @@ from typing import Optional, Sequence
 
 import hivemind
 from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
+from hivemind.utils.multiaddr import Multiaddr
 
 from swarm.dht.identity import Identity, load_or_create_identity, peer_id_of_public_key
 from swarm.dht.records import (
@@ -104,6 +106,8 @@ class SwarmDHT:
             IdentityError: the data directory or its key is unusable.
             DHTError: the node did not start (malformed bootstrap address, identity already online, ...).
         """
+        for addr in initial_peers:
+            check_peer_maddr(addr)
         identity = load_or_create_identity(data_dir)
         signer = RSASignatureValidator(identity.private_key)
         proto = "ip6" if ":" in host else "ip4"
@@ -124,7 +128,9 @@ class SwarmDHT:
         except Exception as e:  # hivemind raises P2PDaemonError, ValueError, TimeoutError, ... here
             if dht.is_alive():
                 await asyncio.to_thread(dht.shutdown)
-            raise DHTError(f"DHT node did not start: {e}") from e
+            if initial_peers and "bootstrap" in str(e):
+                raise DHTError(f"could not reach any initial peer ({', '.join(initial_peers)})") from e
+            raise DHTError(f"DHT node did not start: {_first_line(e)}") from e
         return cls(dht, identity, signer, transport, maddrs)
 
     @property
@@ -261,6 +267,25 @@ class SwarmDHT:
             for subkey, item in result.value.items()
             if isinstance(subkey, bytes)
         ]
+
+
+def check_peer_maddr(addr: str) -> None:
+    """Refuse a malformed bootstrap address before any daemon starts.
+
+    Raises:
+        DHTError: not a multiaddr, or without a valid `/p2p/<peer id>` part.
+    """
+    try:
+        maddr = Multiaddr(addr)
+        PeerID.from_base58(maddr.value_for_protocol("p2p"))
+    except Exception as e:  # noqa: BLE001 - multiaddr and base58 raise assorted types for bad text
+        raise DHTError(
+            f"bad initial peer address {addr!r}: expected /ip4/HOST/tcp/PORT/p2p/PEER_ID ({_first_line(e)})"
+        ) from e
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def run_dht_only(

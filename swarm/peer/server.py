@@ -82,6 +82,8 @@ async def serve(
         SwarmError: the model, span or DHT could not be set up (before serving starts).
     """
     local_path = None if is_model_id(cfg.model) else resolve_model(cfg.model, progress=True)
+    if local_path is not None and cfg.layers is not None:
+        _check_span(build_manifest(local_path), *cfg.layers)  # before anything is announced or printed
     dht = await SwarmDHT.start(cfg.initial_peers, host=cfg.host, port=cfg.port, data_dir=cfg.data_dir)
     artifacts = ArtifactSession(SessionConfig(listen_host=cfg.host))
     try:

@@ -160,3 +160,20 @@ def test_failed_pip_download_is_one_line(tmp_path):
     )
     assert_clean_error(proc, "pip download failed")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("status", "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmNotAPeer"), "bad initial peer address"),
+        (("chat", "--initial-peers", "notamultiaddr", "--prompt", "hi"), "bad initial peer address"),
+        (("chat", "--prompt", "hi"), "no initial peers"),
+        (("serve", "--layers", "0:10"), "pass either --initial-peers"),
+        (("serve", "--new-swarm", "--initial-peers", "/ip4/1.2.3.4/tcp/1/p2p/QmX"), "pass either"),
+        (("serve", "--new-swarm", "--layers", "0:99"), "layers 0:99 are outside the model's 0:30"),
+    ],
+)
+def test_bad_swarm_arguments(args, needle, smollm2_path):
+    proc = swarm(*args, timeout=120)
+    assert_clean_error(proc, needle)
+    assert "/p2p/" not in proc.stdout  # refused before any address was handed out
