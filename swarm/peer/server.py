@@ -108,7 +108,7 @@ async def serve(
             executor=executor,
             sessions=SessionTable(cfg.max_sessions, cfg.cache_tokens, idle_timeout_s=600.0),
         )
-        throughput = await rt.run(measure_throughput, executor)
+        throughput = await rt.run(measure_throughput, executor, n_tokens=64)
         logger.info(
             "span [%d, %d): %.1f decode steps/s, %.0f prefill tokens/s",
             start,
