@@ -125,6 +125,11 @@ class SpanExecutor:
         return self._config.is_last
 
     @property
+    def n_threads(self) -> int:
+        """llama.cpp compute threads of this executor."""
+        return self._config.n_threads
+
+    @property
     def n_seq_max(self) -> int:
         """Sequence ids are 0..n_seq_max-1."""
         return self._config.n_seq_max
