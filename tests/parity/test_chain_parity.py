@@ -53,7 +53,7 @@ def chain_forward(chain: list[SpanExecutor], embedder: TokenEmbedder, seq_id: in
 def test_chain_matches_whole_model(model, cuts, span_cache, oracle_for):
     from swarm.models import resolve_model
 
-    path = resolve_model(model, fetch=False)
+    path = resolve_model(model)
     oracle = oracle_for(path)
     embedder = TokenEmbedder(path)
     chain = open_chain(path, cuts, span_cache)

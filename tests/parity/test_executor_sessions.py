@@ -19,7 +19,7 @@ N_STEPS = 8
 
 @pytest.fixture(scope="module")
 def model_path():
-    return resolve_model("smollm2-135m", fetch=False)
+    return resolve_model("smollm2-135m")
 
 
 @pytest.fixture(scope="module")

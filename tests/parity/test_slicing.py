@@ -41,7 +41,7 @@ def test_arch_rows():
 
 
 def test_non_final_span_has_renumbered_blocks_and_no_vocab(tmp_path):
-    path = resolve_model("smollm2-135m", fetch=False)
+    path = resolve_model("smollm2-135m")
     span = build_span(path, 10, 20, cache_dir=tmp_path, model_id="ab" * 32)
     assert span == tmp_path / f"{'ab' * 8}-10-20.gguf"
     meta = fields(span)
@@ -61,7 +61,7 @@ def test_non_final_span_has_renumbered_blocks_and_no_vocab(tmp_path):
 
 
 def test_final_span_keeps_vocab_and_head(tmp_path):
-    path = resolve_model("smollm2-135m", fetch=False)
+    path = resolve_model("smollm2-135m")
     span = build_span(path, 25, 30, cache_dir=tmp_path)
     meta = fields(span)
     assert meta["llama.block_count"] == 5
@@ -72,7 +72,7 @@ def test_final_span_keeps_vocab_and_head(tmp_path):
 
 
 def test_cache_reuse_and_bad_spans(tmp_path):
-    path = resolve_model("smollm2-135m", fetch=False)
+    path = resolve_model("smollm2-135m")
     first = build_span(path, 0, 3, cache_dir=tmp_path)
     mtime = first.stat().st_mtime_ns
     assert build_span(path, 0, 3, cache_dir=tmp_path) == first
@@ -84,7 +84,7 @@ def test_cache_reuse_and_bad_spans(tmp_path):
 
 
 def test_gemma_sliding_window_pattern_written_per_layer(tmp_path):
-    path = resolve_model("gemma3-270m", fetch=False)
+    path = resolve_model("gemma3-270m")
     span = build_span(path, 4, 11, cache_dir=tmp_path)
     pattern = fields(span)["gemma3.attention.sliding_window_pattern"]
     # whole model: layer il is sliding iff il % 6 < 5; layers 5 and 11 are global
@@ -93,7 +93,7 @@ def test_gemma_sliding_window_pattern_written_per_layer(tmp_path):
 
 def test_slicing_reads_only_the_span_tensors(tmp_path):
     """A sparse copy holding only the header and the span's tensors slices to the same bytes."""
-    path = resolve_model("smollm2-135m", fetch=False)
+    path = resolve_model("smollm2-135m")
     reader = GGUFReader(path)
     sparse = tmp_path / "sparse.gguf"
     with open(path, "rb") as src, open(sparse, "wb") as dst:
@@ -112,7 +112,7 @@ def test_slicing_reads_only_the_span_tensors(tmp_path):
 
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 def test_token_embedder_rows_are_exact(model):
-    path = resolve_model(model, fetch=False)
+    path = resolve_model(model)
     emb = TokenEmbedder(path)
     ids = [0, 1, 2, 1000, emb.n_vocab - 1, 2]
     reader = GGUFReader(path)
@@ -129,7 +129,7 @@ def test_token_embedder_rows_are_exact(model):
 
 
 def test_header_scan_matches_gguf_reader(tmp_path):
-    path = resolve_model("smollm2-135m", fetch=False)
+    path = resolve_model("smollm2-135m")
     header = scan(path)
     reader = GGUFReader(path)
     assert header.scalars["llama.block_count"] == 30
