@@ -11,6 +11,10 @@ Packages and modules (see docs/architecture.md for the data flow):
     arch.py       one row of facts per GGUF architecture
     manifest.py   GGUF → manifest and model_id
     models.py     registry of known models, fetch and verify
+    localswarm.py a swarm of real peer processes on this machine (demo, tests, benchmarks)
+    reference.py  PyTorch reference of llama-style blocks, for validating architectures
+    p2p.py        framed persistent libp2p streams over hivemind's p2pd
+    errors.py     exception types; limits.py product-wide limits
     sampling.py   logits → token, seeded per position
     wire.py       stream frames of the peer protocol
     cli.py        the `swarm` command
