@@ -16,10 +16,8 @@ from swarm.models import DEFAULT_MODEL, KNOWN_MODELS
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `swarm` console script. Returns the process exit status."""
-    # Read by hivemind and libgomp when they load, so set before any command imports them: hivemind's
-    # INFO chatter would mix with answers, and spinning OpenMP threads of one peer starve co-located
-    # peers' compute (shared NOTES: 0.47x vs 0.81-0.87x of one-process speed).
-    os.environ.setdefault("HIVEMIND_LOGLEVEL", "WARNING")
+    # Read by libgomp when it loads, so set before any command imports llama.cpp: spinning OpenMP
+    # threads of one peer starve co-located peers' compute (shared NOTES: 0.47x vs 0.81-0.87x).
     os.environ.setdefault("GOMP_SPINCOUNT", "1000")
     parser = _parser()
     args = parser.parse_args(argv)

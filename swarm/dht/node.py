@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -23,6 +24,10 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
+
+if "HIVEMIND_LOGLEVEL" not in os.environ:
+    # hivemind logs every join at INFO; in `swarm chat` or a Python session that would mix with answers.
+    logging.getLogger("hivemind").setLevel(logging.WARNING)
 
 from swarm.dht.identity import Identity, load_or_create_identity, peer_id_of_public_key
 from swarm.dht.records import (
