@@ -108,3 +108,14 @@ def test_serve_without_layers_takes_the_least_covered_span(smollm2_path, peers):
         first.maddrs[0],
     )
     assert "serving layers 20:30 " in third.stderr_text()
+
+
+def test_seeded_sampling_over_the_swarm_equals_local(smol_swarm, smollm2_path):
+    """The last span samples with rng([seed, position]) from exact logits: same tokens as the local backend."""
+    kwargs = dict(max_new_tokens=24, temperature=0.9, top_p=0.95, top_k=40, seed=11)
+    local = Client(str(smollm2_path), local=True, n_ctx=512, n_threads=1).generate(PROMPT, **kwargs)
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs) as client:
+        remote = client.generate(PROMPT, **kwargs)
+        greedy = client.generate(PROMPT, max_new_tokens=24)
+    assert remote.tokens == local.tokens
+    assert remote.tokens != greedy.tokens  # the sampler really sampled
