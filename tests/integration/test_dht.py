@@ -268,14 +268,6 @@ def test_corrupt_identity_file_is_a_clear_error(tmp_path):
         load_or_create_identity(tmp_path)
 
 
-def test_same_identity_twice_online_is_refused(loop, nodes):
-    a, b, _ = nodes
-    with pytest.raises(DHTError):
-        loop.run_until_complete(
-            SwarmDHT.start(a.visible_maddrs(), data_dir=b.identity.data_dir, startup_timeout_s=20)
-        )
-
-
 @pytest.mark.parametrize(
     "bootstrap",
     [
