@@ -111,7 +111,7 @@ def test_serve_without_layers_takes_the_least_covered_span(smollm2_path, peers):
 
 
 def test_seeded_sampling_over_the_swarm_equals_local(smol_swarm, smollm2_path):
-    """The last span samples with rng([seed, position]) from exact logits: same tokens as the local backend."""
+    """The last span samples with rng([seed, position]) from exact logits: the local backend's tokens."""
     kwargs = dict(max_new_tokens=24, temperature=0.9, top_p=0.95, top_k=40, seed=11)
     local = Client(str(smollm2_path), local=True, n_ctx=512, n_threads=1).generate(PROMPT, **kwargs)
     with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs) as client:
@@ -119,3 +119,38 @@ def test_seeded_sampling_over_the_swarm_equals_local(smol_swarm, smollm2_path):
         greedy = client.generate(PROMPT, max_new_tokens=24)
     assert remote.tokens == local.tokens
     assert remote.tokens != greedy.tokens  # the sampler really sampled
+
+
+def test_status_lists_the_spans_and_coverage(smol_swarm, smollm2_path):
+    import json
+    import subprocess
+    import sys
+
+    from swarm.manifest import build_manifest
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarm.cli",
+            "status",
+            "--model",
+            str(smollm2_path),
+            "--json",
+            "--initial-peers",
+            smol_swarm.started[0].maddrs[0],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["model_id"] == build_manifest(smollm2_path).model_id
+    assert report["covered"] is True and report["missing"] == []
+    spans = sorted((p["start"], p["end"], p["peer_id"]) for p in report["peers"])
+    assert spans == [
+        (0, 10, smol_swarm.started[0].peer_id),
+        (10, 20, smol_swarm.started[1].peer_id),
+        (20, 30, smol_swarm.started[2].peer_id),
+    ]
