@@ -13,9 +13,32 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip wheel setuptools
 # torch first and pinned: hivemind needs it, and an unpinned one is a multi-GB CUDA build.
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
-# llama-cpp-python ships only as source: the first install compiles llama.cpp (4-6 min on 2 cores).
-CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
-  .venv/bin/python -m pip install --quiet -e ".[test]"
+# llama-cpp-python ships only as source: the first build compiles llama.cpp (4-6 min on 2 cores).
+# Build it portable, not -march=native: on CPUs with AMX (Sapphire Rapids and later) a native build
+# runs ggml's AMX matmul kernels, which crash with SIGSEGV on this machine kind on any prompt past a
+# few dozen tokens. The wheel is kept in our own cache, keyed by its flags: pip's own wheel cache
+# would hand back a native wheel built earlier from the same sdist.
+LLAMA_CPP_PYTHON=0.3.36
+if [ "$(uname -m)" = x86_64 ]; then
+  LLAMA_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+  FLAVOUR=avx2
+else
+  LLAMA_FLAGS=""
+  FLAVOUR=native
+fi
+WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/swarm/wheels/llama-cpp-python-$LLAMA_CPP_PYTHON-$FLAVOUR"
+if [ "$(cat .venv/.llama-flavour 2>/dev/null)" != "$LLAMA_CPP_PYTHON-$FLAVOUR" ]; then
+  if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    echo "building llama-cpp-python $LLAMA_CPP_PYTHON ($FLAVOUR): 4-6 minutes on 2 cores" >&2
+    CMAKE_ARGS="$LLAMA_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
+      .venv/bin/python -m pip wheel --quiet --no-deps --no-cache-dir -w "$WHEELS.tmp" \
+      "llama-cpp-python==$LLAMA_CPP_PYTHON"
+    mv "$WHEELS.tmp" "$WHEELS"
+  fi
+  .venv/bin/python -m pip install --quiet --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
+  echo "$LLAMA_CPP_PYTHON-$FLAVOUR" > .venv/.llama-flavour
+fi
+.venv/bin/python -m pip install --quiet -e ".[test]"
 if [ -f scripts/build_csrc.sh ]; then
   bash scripts/build_csrc.sh
 fi

@@ -321,18 +321,32 @@ def _print_stream(stream, as_json: bool):
 
 
 def _repl(client, sampling: dict) -> int:
+    """Chat until /quit, end of input, or two Ctrl-C in a row at the prompt.
+
+    Ctrl-C during an answer stops it, closes its stream (and so its sessions) and drops the turn:
+    neither the question nor the half answer stays in the history.
+    """
     print(
         "swarm chat: type a message; /stats shows the last telemetry, /reset clears history, /quit exits.",
         file=sys.stderr,
     )
     history: list[dict] = []
     last = None
+    prompt_interrupts = 0  # consecutive Ctrl-C at the prompt
     while True:
         try:
             line = input("> ")
         except EOFError:
             print(file=sys.stderr)
             return 0
+        except KeyboardInterrupt:
+            prompt_interrupts += 1
+            print(file=sys.stderr)
+            if prompt_interrupts >= 2:
+                return 0
+            print("(Ctrl-C again or /quit to exit)", file=sys.stderr)
+            continue
+        prompt_interrupts = 0
         text = line.strip()
         if not text:
             continue
@@ -345,6 +359,7 @@ def _repl(client, sampling: dict) -> int:
             history.clear()
             continue
         history.append({"role": "user", "content": text})
+        stream = None
         try:
             stream = client.chat_stream(history, **sampling)
             for delta in stream:
@@ -353,6 +368,13 @@ def _repl(client, sampling: dict) -> int:
         except SwarmError as e:
             history.pop()
             print(f"swarm: error: {e}", file=sys.stderr)
+            continue
+        except KeyboardInterrupt:
+            if stream is not None:
+                stream.close()
+            history.pop()
+            print(flush=True)
+            print("[interrupted: this turn is dropped from the history]", file=sys.stderr)
             continue
         history.append({"role": "assistant", "content": stream.result.text})
         last = stream.result.telemetry

@@ -33,6 +33,14 @@ class Forbidden(SwarmError):
     """A peer asked for something that belongs to another peer (e.g. another client's session)."""
 
 
+class PeerUnreachable(SwarmError):
+    """A peer cannot be dialled, refused the protocol, or its stream broke (reset, died, timed out)."""
+
+
+class PeerTimeout(PeerUnreachable):
+    """A peer did not answer within the time its announced speed allows (frozen, overloaded, cut off)."""
+
+
 class ProtocolError(SwarmError):
     """A frame or record from a peer is malformed, oversized, or of another protocol generation."""
 

@@ -158,6 +158,33 @@ def start_local_swarm(
     return peers
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant process of `pid` (children first), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def signal_tree(peer: PeerProcess, sig: int) -> None:
+    """Send `sig` to a peer and every process under it (its p2pd daemons): the whole machine
+    dies (SIGKILL) or freezes (SIGSTOP), so no part of the peer can answer or say goodbye."""
+    for pid in [*descendants(peer.proc.pid), peer.proc.pid]:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def _last_line(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else "(no output)"

@@ -21,7 +21,7 @@ from typing import Awaitable, Callable, Iterable, Optional
 from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
-from swarm.errors import ProtocolError, SwarmError
+from swarm.errors import PeerTimeout, PeerUnreachable, ProtocolError, SwarmError
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +29,6 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Default largest frame either side accepts, bytes."""
 PING_PROTOCOL = "/swarm/ping/1"
 _HEADER = struct.Struct(">I")
-
-
-class PeerUnreachable(SwarmError):
-    """A peer cannot be dialled, refused the protocol, or its stream broke (reset, died, timed out)."""
 
 
 class StreamClosed(PeerUnreachable):
@@ -120,7 +116,8 @@ class StreamSession:
         Raises:
             StreamClosed: the remote side closed the stream between frames.
             ProtocolError: the announced frame length exceeds max_frame_bytes (the stream is closed).
-            PeerUnreachable: the stream broke mid-frame, was reset, or timed out (the stream is closed).
+            PeerTimeout: no frame within timeout_s (the stream is closed).
+            PeerUnreachable: the stream broke mid-frame or was reset (the stream is closed).
         """
         if self._closed:
             raise PeerUnreachable(f"stream to {self.remote_peer_id} is closed")
@@ -129,7 +126,7 @@ class StreamSession:
                 return await self._read_frame()
         except TimeoutError as e:
             await self.close()
-            raise PeerUnreachable(f"no frame from {self.remote_peer_id} within {timeout_s} s") from e
+            raise PeerTimeout(f"no frame from {self.remote_peer_id} within {timeout_s:.1f} s") from e
         except SwarmError:
             await self.close()
             raise

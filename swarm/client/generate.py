@@ -44,14 +44,8 @@ class StepResult:
     top: tuple[tuple[int, float], ...] = ()
 
 
-class Engine(Protocol):
-    """Computes next tokens for one session at a time; implemented by local and swarm backends."""
-
-    context_limit: int
-    """Tokens (prompt + generated) one session may hold on this engine."""
-
-    def begin(self, n_tokens: int, sampling: SamplingParams, telemetry: GenerationTelemetry) -> None:
-        """Open a session that will hold at most `n_tokens` tokens."""
+class EngineSession(Protocol):
+    """One generation's state on an engine: its own KV sequence locally, its own hops on the swarm."""
 
     def prefill(self, tokens: Sequence[int]) -> StepResult:
         """Run the prompt from position 0; sample the token after it."""
@@ -59,8 +53,30 @@ class Engine(Protocol):
     def decode(self, token: int) -> StepResult:
         """Append one token; sample the next."""
 
-    def end(self) -> None:
-        """Release the session (always called, also after errors)."""
+    def close(self) -> None:
+        """Release the session (idempotent; always called, also after errors and interrupts)."""
+
+
+class Engine(Protocol):
+    """Opens sessions that compute next tokens; implemented by the local and swarm backends.
+
+    An engine may be shared: each `open_session` gets state of its own, so concurrent sessions
+    (threads or interleaved iterators) each give exactly their solo output. An engine that cannot
+    hold another session now raises `Busy` from `open_session` at once.
+    """
+
+    context_limit: int
+    """Tokens (prompt + generated) one session may hold on this engine."""
+
+    def open_session(
+        self, n_tokens: int, sampling: SamplingParams, telemetry: GenerationTelemetry
+    ) -> EngineSession:
+        """Open a session that will hold at most `n_tokens` tokens.
+
+        Raises:
+            Busy: (local) every session slot is in use.
+            NoRoute: (swarm) no chain of live peers with room for the session.
+        """
 
 
 class Tokenizer(Protocol):
@@ -136,9 +152,11 @@ class TokenStream:
     def _run(self) -> Iterator[str]:
         decoder = DeltaDecoder(self._req.stop)
         t0 = last = time.perf_counter()
-        self._engine.begin(len(self._prompt) + self._req.max_new_tokens, self._req.sampling, self.telemetry)
+        session = self._engine.open_session(
+            len(self._prompt) + self._req.max_new_tokens, self._req.sampling, self.telemetry
+        )
         try:
-            step = self._engine.prefill(self._prompt)
+            step = session.prefill(self._prompt)
             while True:
                 now = time.perf_counter()
                 if not self.tokens:
@@ -158,9 +176,9 @@ class TokenStream:
                 if len(self.tokens) >= self._req.max_new_tokens:
                     self.telemetry.finish_reason = "length"
                     break
-                step = self._engine.decode(step.token)
+                step = session.decode(step.token)
         finally:
-            self._engine.end()
+            session.close()
         tail = decoder.finish()
         if tail:
             yield tail

@@ -1,62 +1,58 @@
-"""The swarm backend of `Client`: a route of peers and one sticky stream per hop for a session.
+"""The swarm backend of `Client`: route sessions over libp2p streams, found through the DHT.
 
-For each generation the engine reads the model's announcements from the DHT, measures RTTs,
-asks the pure planner (`swarm.route.plan`) for the cheapest chain of spans, opens one stream per
-hop and keeps it for the whole session. The client embeds tokens itself; a prefill chunk or a
-decode step then goes hop by hop through the client (only `[n, hidden]` hidden states cross the
-network), and the last hop answers with a sampled token. Each hop's inputs are kept, so a hop can
-be replaced mid-generation by replaying them on a new peer.
+Each generation gets its own `RouteSession` (swarm/client/session.py), which plans a route, keeps
+one sticky stream per hop, and fails over by replay; this module gives it its real parts: the
+`DHTDirectory` (announcements from the DHT, RTTs measured by ping), the `P2PTransport` (framed
+libp2p streams, frames encoded with swarm.wire), the monotonic clock and asyncio's sleep. The
+client embeds tokens itself, so only `[n, hidden]` hidden states cross the network.
 
-The DHT node and the streams live on one asyncio loop in a background thread; the public engine
-methods are synchronous, as the generation loop expects.
+The DHT node and every stream live on one asyncio loop in a background thread; the public engine
+methods are synchronous, as the generation loop expects, and several sessions of one engine may run
+at once (threads or interleaved iterators): each has its own hops; the peers' RTTs and the failed
+peers to avoid are shared.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import concurrent.futures
+import math
+import random
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Collection
 from pathlib import Path
-
-import numpy as np
 
 from swarm.artifacts.distribute import acquire, client_ranges
 from swarm.artifacts.session import ArtifactSession, SessionConfig
 from swarm.client.generate import StepResult
-from swarm.client.telemetry import GenerationTelemetry, HopTelemetry
+from swarm.client.session import RouteSession, SessionSpec
+from swarm.client.telemetry import GenerationTelemetry
 from swarm.client.tokenizer import Tokenizer
 from swarm.dht.node import SwarmDHT
 from swarm.dht.records import Announcement
-from swarm.errors import Busy, NoRoute, ProtocolError, SwarmError
+from swarm.errors import PeerTimeout, PeerUnreachable, SwarmError
 from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import cache_dir, is_model_id, resolve_model
-from swarm.p2p import PeerUnreachable, StreamSession
+from swarm.p2p import StreamSession
 from swarm.peer.handler import SPAN_PROTOCOL
-from swarm.route.plan import RoutePlan, plan_route
+from swarm.route.failover import Exclusions, FailoverPolicy
+from swarm.route.plan import PeerSpan
 from swarm.route.snapshot import peer_spans
 from swarm.sampling import SamplingParams
-from swarm.wire import (
-    Close,
-    Error,
-    ErrorCode,
-    Forward,
-    Hidden,
-    Open,
-    OpenOk,
-    Token,
-    decode_frame,
-    encode_frame,
-)
+from swarm.wire import Close, Error, Frame, decode_frame, encode_frame
 
-STEP_TIMEOUT_S = 120.0
-"""A hop that answers no frame within this time is treated as dead."""
-OPEN_ATTEMPTS = 4
-"""Routes tried before giving up when peers refuse a session (BUSY, gone)."""
+DHT_READ_TIMEOUT_S = 30.0
+"""Reading the model's announcements from the DHT gives up after this long."""
+CLOSE_TIMEOUT_S = 2.0
+"""Saying Close to a peer gives up after this long (a frozen peer frees its cache by itself)."""
+SNAPSHOT_MAX_AGE_S = 60.0
+"""A failover may re-plan from a DHT read up to this old before reading anew."""
+CALL_TIMEOUT_S = 900.0
+"""Outer bound on one synchronous call into the loop; every await inside has its own, shorter one."""
 
 
 class LoopThread:
@@ -68,24 +64,35 @@ class LoopThread:
         self._thread.start()
 
     def run(self, coro, timeout_s: float | None = None):
-        """Run `coro` on the loop thread and return its result (or raise its exception)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+        """Run `coro` on the loop thread and return its result (or raise its exception).
+
+        If the wait ends early (timeout, Ctrl-C in the caller), the coroutine is cancelled.
+        Raises:
+            SwarmError: the coroutine did not finish within timeout_s.
+        """
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise SwarmError(f"no answer from the swarm within {timeout_s:.0f} s") from None
+        except BaseException:
+            fut.cancel()
+            raise
+
+    def submit(self, coro) -> None:
+        """Start `coro` on the loop without waiting (for cleanup called from the loop thread itself)."""
+        asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    @property
+    def on_loop_thread(self) -> bool:
+        """True when called from the loop's own thread (where `run` would deadlock)."""
+        return threading.current_thread() is self._thread
 
     def stop(self) -> None:
         """Stop the loop and join the thread."""
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
-
-
-@dataclass
-class _Hop:
-    peer_id: str
-    start: int
-    end: int
-    stream: StreamSession
-    telemetry: HopTelemetry
-    inputs: list[tuple[int, np.ndarray]] = field(default_factory=list)
-    """(pos0, hidden) of every Forward sent: replayed on a replacement peer after a failure."""
 
 
 class SwarmConnection:
@@ -130,14 +137,140 @@ class SwarmConnection:
             self._tmp = None
 
 
+class DHTDirectory:
+    """`PeerDirectory` over the DHT: the model's announcements, with RTTs measured by ping.
+
+    Successful RTTs are kept for the engine's life (a peer's RTT changes little); a failed probe is
+    not kept, so the session excludes the peer for a while and it is probed again afterwards.
+
+    Attributes:
+        rtt_ms: peer id -> measured round trip, ms.
+    """
+
+    def __init__(self, dht: SwarmDHT, model_id: str, probe_timeout_s: float):
+        self._dht, self._model_id, self._probe_timeout_s = dht, model_id, probe_timeout_s
+        self.rtt_ms: dict[str, float] = {}
+        self._addrs: dict[str, tuple[str, ...]] = {}
+        self._announced: list[Announcement] = []
+        self._read_at = -math.inf
+
+    def addrs(self, peer_id: str) -> tuple[str, ...]:
+        """The multiaddrs `peer_id` announced last (empty if never seen)."""
+        return self._addrs.get(peer_id, ())
+
+    async def peers(self, skip_probe: frozenset[str], fresh: bool) -> list[PeerSpan]:
+        """Announced spans of the model; unmeasured peers outside `skip_probe` are pinged first.
+
+        Args:
+            skip_probe: peers not to ping now (excluded ones).
+            fresh: read the DHT now; else reuse the last read if it is under SNAPSHOT_MAX_AGE_S old
+                (a failover re-plan: a DHT read can wait seconds on a frozen DHT node).
+        Raises:
+            SwarmError: the DHT did not answer within DHT_READ_TIMEOUT_S.
+        """
+        if fresh or time.monotonic() - self._read_at > SNAPSHOT_MAX_AGE_S:
+            try:
+                async with asyncio.timeout(DHT_READ_TIMEOUT_S):
+                    self._announced = await self._dht.get_announcements(self._model_id)
+            except TimeoutError:
+                raise SwarmError(f"the DHT did not answer within {DHT_READ_TIMEOUT_S:.0f} s") from None
+            self._read_at = time.monotonic()
+        announced = self._announced
+        self._addrs.update((a.peer_id, a.addrs) for a in announced)
+        unmeasured = [
+            a.peer_id for a in announced if a.peer_id not in self.rtt_ms and a.peer_id not in skip_probe
+        ]
+        answered = await self.probe(unmeasured)
+        failed = {p: math.inf for p in unmeasured if p not in answered}
+        return peer_spans(announced, {**self.rtt_ms, **failed})
+
+    async def probe(self, peer_ids: Collection[str]) -> set[str]:
+        """Ping these peers in parallel; keep the RTTs of the ones that answered and return them."""
+
+        async def ping(peer_id: str) -> str | None:
+            try:
+                self.rtt_ms[peer_id] = await self._dht.transport.ping(
+                    peer_id, self.addrs(peer_id), timeout_s=self._probe_timeout_s
+                )
+                return peer_id
+            except SwarmError:
+                self.rtt_ms.pop(peer_id, None)
+                return None
+
+        for peer_id in peer_ids:  # an RTT counts only if measured by this probe
+            self.rtt_ms.pop(peer_id, None)
+        try:
+            async with asyncio.timeout(self._probe_timeout_s * 3):  # dialling has no timeout of its own
+                return {p for p in await asyncio.gather(*(ping(p) for p in peer_ids)) if p}
+        except TimeoutError:
+            return {p for p in peer_ids if p in self.rtt_ms}
+
+
+class P2PLink:
+    """`HopLink` over one libp2p stream: frames encoded with swarm.wire, length-prefixed by swarm.p2p."""
+
+    def __init__(self, peer_id: str, stream: StreamSession):
+        self.peer_id, self._stream = peer_id, stream
+
+    async def exchange(self, frame: Frame, timeout_s: float) -> tuple[Frame, int, int]:
+        """Send one frame, read one reply (see `HopLink.exchange`)."""
+        data = encode_frame(frame)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._stream.send(data)
+        except TimeoutError:
+            await self._stream.close()
+            raise PeerTimeout(
+                f"peer {self.peer_id[:12]}… took over {timeout_s:.1f} s to accept a frame"
+            ) from None
+        except PeerUnreachable:
+            # A peer that leaves says why (SHUTTING_DOWN) before hanging up: report that, not "broken".
+            said = await self._stream.last_words()
+            if said is not None and isinstance(reply := decode_frame(said), Error):
+                return reply, len(data) + 4, len(said) + 4
+            raise
+        reply_bytes = await self._stream.recv(timeout_s)
+        return decode_frame(reply_bytes), len(data) + 4, len(reply_bytes) + 4
+
+    async def close(self) -> None:
+        """Send Close (bounded by CLOSE_TIMEOUT_S) and close the stream; never raises."""
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self._stream.send(encode_frame(Close()))
+        except (SwarmError, TimeoutError):
+            pass
+        await self._stream.close()
+
+
+class P2PTransport:
+    """`HopTransport` over the client's libp2p daemon, dialling the addresses the directory saw."""
+
+    def __init__(self, dht: SwarmDHT, directory: DHTDirectory):
+        self._dht, self._directory = dht, directory
+
+    async def connect(self, peer_id: str, timeout_s: float) -> P2PLink:
+        """Open a span stream to `peer_id`. Raises PeerUnreachable, or PeerTimeout past timeout_s."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                stream = await self._dht.transport.open_stream(
+                    peer_id, self._directory.addrs(peer_id), SPAN_PROTOCOL
+                )
+        except TimeoutError:
+            raise PeerTimeout(
+                f"peer {peer_id[:12]}… did not accept a stream within {timeout_s:.1f} s"
+            ) from None
+        return P2PLink(peer_id, stream)
+
+
 class RemoteEngine:
-    """`swarm.client.generate.Engine` over a route of peers.
+    """`swarm.client.generate.Engine` over the swarm: one `RouteSession` per generation.
 
     Args:
         conn: the client's swarm connection.
         manifest: the model's manifest (model_id, layer count, context length).
         embedder: token ids → `[n, hidden]` float32, exact.
-        prefill_chunk_tokens: prompt tokens per Forward frame.
+        prefill_chunk_tokens: prompt tokens per Forward frame (and per replayed frame).
+        policy: failover limits and timeouts.
     """
 
     def __init__(
@@ -146,6 +279,7 @@ class RemoteEngine:
         manifest: Manifest,
         embedder: TokenEmbedder,
         prefill_chunk_tokens: int = 256,
+        policy: FailoverPolicy | None = None,
     ):
         if prefill_chunk_tokens < 1:
             raise SwarmError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
@@ -153,195 +287,87 @@ class RemoteEngine:
         self._manifest = manifest
         self._embedder = embedder
         self._chunk = prefill_chunk_tokens
+        self.policy = policy or FailoverPolicy(replay_chunk_tokens=prefill_chunk_tokens)
         ctx = int(manifest.hparams.get(f"{manifest.arch}.context_length", MAX_CONTEXT_TOKENS))
         self.context_limit = min(ctx, MAX_CONTEXT_TOKENS)
-        self._rtt_ms: dict[str, float] = {}
-        self._hops: list[_Hop] = []
-        self._pos = 0
-        self._step = 0
-        self._telemetry: GenerationTelemetry | None = None
-        self.last_plan: RoutePlan | None = None
+        self.directory = DHTDirectory(conn.dht, manifest.model_id, self.policy.probe_timeout_s)
+        self.exclusions = Exclusions(self.policy.exclusion_s)
+        self._transport = P2PTransport(conn.dht, self.directory)
+        self._rng = random.SystemRandom()
+        self._sessions: set[RemoteSession] = set()
 
-    # -- Engine protocol -------------------------------------------------------------------------
-
-    def begin(self, n_tokens: int, sampling: SamplingParams, telemetry: GenerationTelemetry) -> None:
+    def open_session(
+        self, n_tokens: int, sampling: SamplingParams, telemetry: GenerationTelemetry
+    ) -> "RemoteSession":
         """Plan a route and open one session per hop, reserving `n_tokens` of KV cache on each.
 
         Raises:
             NoRoute: no chain of live peers with room for the session.
         """
-        self._telemetry = telemetry
-        self._pos = 0
-        self._step = 0
-        self._hops = self._conn.loop.run(self._open_route(n_tokens, sampling), timeout_s=STEP_TIMEOUT_S)
-        telemetry.route = [h.telemetry for h in self._hops]
-
-    def prefill(self, tokens) -> StepResult:
-        """Send the prompt in chunks through every hop; return the token sampled after it."""
-        x = self._embedder.embed(list(tokens))
-        result = None
-        for i in range(0, len(tokens), self._chunk):
-            result = self._step_all(x[i : i + self._chunk])
-        assert result is not None
-        return result
-
-    def decode(self, token: int) -> StepResult:
-        """Send one token's hidden state through every hop; return the next sampled token."""
-        return self._step_all(self._embedder.embed([token]))
-
-    def end(self) -> None:
-        """Close every hop's session (best effort: a dead peer frees its cache by itself)."""
-        hops, self._hops = self._hops, []
-        if hops:
-            self._conn.loop.run(_close_all(hops), timeout_s=30)
+        spec = SessionSpec(
+            self._manifest.model_id, self._conn.dht.peer_id, self._manifest.n_layers, n_tokens, sampling
+        )
+        route = RouteSession(
+            spec,
+            self.directory,
+            self._transport,
+            self.exclusions,
+            telemetry,
+            self.policy,
+            now=time.monotonic,
+            sleep=asyncio.sleep,
+            rng=self._rng,
+        )
+        session = RemoteSession(self._conn.loop, route, self._embedder, self._chunk)
+        try:
+            self._conn.loop.run(route.open(), CALL_TIMEOUT_S)
+        except BaseException:
+            session.close()
+            raise
+        self._sessions.add(session)
+        session.on_close = self._sessions.discard
+        return session
 
     def close(self) -> None:
-        """End any session and leave the swarm."""
-        self.end()
+        """Close every open session and leave the swarm."""
+        for session in list(self._sessions):
+            session.close()
         self._conn.close()
 
-    # -- internals ---------------------------------------------------------------------------------
 
-    def _step_all(self, x: np.ndarray) -> StepResult:
-        pos0 = self._pos
-        token = self._conn.loop.run(self._forward_route(pos0, x), timeout_s=STEP_TIMEOUT_S * len(self._hops))
-        self._pos += x.shape[0]
+class RemoteSession:
+    """`EngineSession` over a `RouteSession`: embeds tokens, chunks the prompt, waits on the loop."""
+
+    def __init__(self, loop: LoopThread, route: RouteSession, embedder: TokenEmbedder, chunk_tokens: int):
+        self._loop, self.route, self._embedder, self._chunk = loop, route, embedder, chunk_tokens
+        self._closed = False
+        self.on_close = None
+
+    def prefill(self, tokens) -> StepResult:
+        """Send the prompt in chunks through the route; return the token sampled after it."""
+        x = self._embedder.embed(list(tokens))
+        token = None
+        for i in range(0, len(tokens), self._chunk):
+            token = self._loop.run(self.route.step(x[i : i + self._chunk]), CALL_TIMEOUT_S)
+        assert token is not None
         return StepResult(token=token.token, logprob=token.logprob, top=token.top)
 
-    async def _forward_route(self, pos0: int, x: np.ndarray) -> Token:
-        for i, hop in enumerate(self._hops):
-            last = i == len(self._hops) - 1
-            hop.inputs.append((pos0, x))
-            reply = await self._exchange(hop, Forward(step=self._step, pos0=pos0, hidden=x, sample=last))
-            self._step += 1
-            if last:
-                if not isinstance(reply, Token):
-                    raise ProtocolError(f"last hop {hop.peer_id} answered {type(reply).__name__}, not token")
-                return reply
-            if not isinstance(reply, Hidden) or reply.hidden.shape != x.shape:
-                raise ProtocolError(f"hop {hop.peer_id} answered {type(reply).__name__} of the wrong shape")
-            x = np.asarray(reply.hidden, dtype=np.float32)
-        raise NoRoute("empty route")
+    def decode(self, token: int) -> StepResult:
+        """Send one token's hidden state through the route; return the next sampled token."""
+        t = self._loop.run(self.route.step(self._embedder.embed([token])), CALL_TIMEOUT_S)
+        return StepResult(token=t.token, logprob=t.logprob, top=t.top)
 
-    async def _exchange(self, hop: _Hop, frame) -> object:
-        data = encode_frame(frame)
-        t0 = time.perf_counter()
-        try:
-            await hop.stream.send(data)
-        except PeerUnreachable:
-            said = await hop.stream.last_words()
-            if said is not None and isinstance(reply := decode_frame(said), Error):
-                raise _error_of(hop.peer_id, reply) from None
-            raise
-        reply_bytes = await hop.stream.recv(STEP_TIMEOUT_S)
-        rtt_ms = (time.perf_counter() - t0) * 1000.0
-        reply = decode_frame(reply_bytes)
-        t = hop.telemetry
-        t.steps += 1
-        t.bytes_sent += len(data) + 4
-        t.bytes_received += len(reply_bytes) + 4
-        if isinstance(reply, Error):
-            raise _error_of(hop.peer_id, reply)
-        compute_ms = getattr(reply, "compute_ms", 0.0)
-        t.compute_ms += compute_ms
-        t.network_ms += max(0.0, rtt_ms - compute_ms)
-        return reply
-
-    async def _open_route(self, n_tokens: int, sampling: SamplingParams) -> list[_Hop]:
-        exclude: set[str] = set()
-        last_error: SwarmError | None = None
-        for _ in range(OPEN_ATTEMPTS):
-            announced = await self._conn.dht.get_announcements(self._manifest.model_id)
-            if not announced:
-                raise NoRoute(
-                    f"no peer announces model {self._manifest.model_id[:16]}…",
-                    missing=tuple(range(self._manifest.n_layers)),
-                )
-            await self._measure_rtts(announced)
-            plan = plan_route(
-                peer_spans(announced, self._rtt_ms),
-                self._manifest.n_layers,
-                n_tokens,
-                exclude=frozenset(exclude | self._unreachable(announced)),
-            )
-            self.last_plan = plan
-            addrs = {a.peer_id: a.addrs for a in announced}
-            hops: list[_Hop] = []
-            try:
-                for h in plan.hops:
-                    hops.append(
-                        await self._open_hop(h.peer_id, addrs[h.peer_id], h.start, h.end, n_tokens, sampling)
-                    )
-                return hops
-            except (Busy, PeerUnreachable, ProtocolError) as e:
-                last_error = e
-                exclude.add(getattr(e, "peer_id", None) or (plan.hops[len(hops)].peer_id))
-                await _close_all(hops)
-        raise NoRoute(f"could not open a route after {OPEN_ATTEMPTS} attempts: {last_error}")
-
-    async def _open_hop(
-        self, peer_id: str, addrs, start: int, end: int, n_tokens: int, sampling: SamplingParams
-    ) -> _Hop:
-        stream = await self._conn.dht.transport.open_stream(peer_id, addrs, SPAN_PROTOCOL)
-        hop = _Hop(peer_id, start, end, stream, HopTelemetry(peer_id=peer_id, start=start, end=end))
-        try:
-            reply = await self._exchange(
-                hop,
-                Open(
-                    session_id=os.urandom(16),
-                    client_id=self._conn.dht.peer_id,
-                    model_id=self._manifest.model_id,
-                    start=start,
-                    end=end,
-                    max_tokens=n_tokens,
-                    sampling=sampling,
-                ),
-            )
-            if not isinstance(reply, OpenOk):
-                raise ProtocolError(f"{peer_id} answered open with {type(reply).__name__}")
-        except BaseException:
-            await stream.close()
-            raise
-        return hop
-
-    async def _measure_rtts(self, announced: list[Announcement]) -> None:
-        async def probe(a: Announcement) -> None:
-            try:
-                self._rtt_ms[a.peer_id] = await self._conn.dht.transport.ping(
-                    a.peer_id, a.addrs, timeout_s=5.0
-                )
-            except SwarmError:
-                self._rtt_ms[a.peer_id] = float("inf")
-
-        await asyncio.gather(*(probe(a) for a in announced if a.peer_id not in self._rtt_ms))
-
-    def _unreachable(self, announced: list[Announcement]) -> set[str]:
-        return {a.peer_id for a in announced if self._rtt_ms.get(a.peer_id) == float("inf")}
-
-
-def _error_of(peer_id: str, err: Error) -> SwarmError:
-    message = f"peer {peer_id[:12]}…: {err.message}"
-    if err.code in (ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN):
-        e: SwarmError = Busy(message)
-    elif err.code == ErrorCode.NOT_FOUND:
-        e = PeerUnreachable(message)
-    elif err.code == ErrorCode.PROTOCOL:
-        e = ProtocolError(message)
-    else:
-        e = SwarmError(message)
-    e.peer_id = peer_id  # type: ignore[attr-defined]
-    return e
-
-
-async def _close_all(hops: list[_Hop]) -> None:
-    async def close(h: _Hop) -> None:
-        try:
-            await h.stream.send(encode_frame(Close()))
-        except SwarmError:
-            pass
-        await h.stream.close()
-
-    await asyncio.gather(*(close(h) for h in hops), return_exceptions=True)
+    def close(self) -> None:
+        """Close the route's sessions on every peer (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.on_close is not None:
+            self.on_close(self)
+        if self._loop.on_loop_thread:  # garbage-collected on the loop thread: cannot wait there
+            self._loop.submit(self.route.close())
+        else:
+            self._loop.run(self.route.close(), CALL_TIMEOUT_S)
 
 
 def connect_swarm(

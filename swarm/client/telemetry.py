@@ -33,6 +33,33 @@ class HopTelemetry:
 
 
 @dataclass
+class FailoverEvent:
+    """One hop replaced mid-generation.
+
+    Attributes:
+        peer_id: the peer that failed.
+        start, end: global half-open layers it ran, now run by `replacements`.
+        reason: "timeout", "unreachable", "busy", "shutting_down", "malformed" or "error".
+        message: the failure as the client saw it.
+        position: tokens in the session when it failed.
+        replayed_tokens: recorded inputs replayed on the replacement hops.
+        replacements: peer ids of the new hops, in layer order.
+        stall_ms: from the failing step's start at this hop to the replacement being caught up
+            (detection + re-plan + open + replay), ms.
+    """
+
+    peer_id: str
+    start: int
+    end: int
+    reason: str
+    message: str
+    position: int
+    replayed_tokens: int = 0
+    replacements: list[str] = field(default_factory=list)
+    stall_ms: float = 0.0
+
+
+@dataclass
 class GenerationTelemetry:
     """The record returned with every generation (local or over the swarm).
 
@@ -44,7 +71,8 @@ class GenerationTelemetry:
         decode_tokens_per_s: generated tokens after the first, per second of decode time.
         token_latencies_ms: per generated token, time since the previous one (the first: TTFT).
         route: hops in layer order (empty for local).
-        retries: steps re-sent after a failure.
+        retries: attempts to open a hop that failed and were retried on another peer (busy, gone).
+        failovers: hops replaced mid-generation, with the stall each caused.
         finish_reason: "stop" (end of sequence or stop string), "length" (max_new_tokens).
     """
 
@@ -57,6 +85,7 @@ class GenerationTelemetry:
     token_latencies_ms: list[float] = field(default_factory=list)
     route: list[HopTelemetry] = field(default_factory=list)
     retries: int = 0
+    failovers: list[FailoverEvent] = field(default_factory=list)
     finish_reason: str = ""
 
     def finalize(self, total_ms: float) -> None:
@@ -78,6 +107,11 @@ class GenerationTelemetry:
             f"TTFT {self.ttft_ms:.0f} ms, {self.decode_tokens_per_s:.1f} tok/s, "
             f"total {self.total_ms:.0f} ms"
         )
+        for f in self.failovers:
+            line += (
+                f"\n  failover [{f.start}:{f.end}) {f.peer_id[:12]}… ({f.reason}) at token {f.position}: "
+                f"replayed {f.replayed_tokens} tokens, stall {f.stall_ms:.0f} ms"
+            )
         for hop in self.route:
             line += (
                 f"\n  [{hop.start:>3}:{hop.end:<3}) {hop.peer_id[:12]}…  compute {hop.compute_ms:.0f} ms"

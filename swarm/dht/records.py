@@ -54,6 +54,8 @@ class Announcement:
         protocol: stream protocol generation.
         public_name: optional display name, at most MAX_PUBLIC_NAME_CHARS.
         expires_at: DHT time (seconds, hivemind.get_dht_time) after which the record is void.
+        started_at: Unix time this run of the peer started serving; a restart announces a new value,
+            which tells clients that a peer they saw fail is back (0.0 in records of older peers).
     """
 
     peer_id: str
@@ -70,6 +72,7 @@ class Announcement:
     protocol: int
     public_name: Optional[str]
     expires_at: float
+    started_at: float = 0.0
 
 
 class AnnouncementSchema(pydantic.BaseModel):
@@ -89,6 +92,7 @@ class AnnouncementSchema(pydantic.BaseModel):
     protocol: conint(strict=True, ge=0, le=2**31 - 1)
     public_name: Optional[constr(strict=True, max_length=MAX_PUBLIC_NAME_CHARS)] = None
     expires_at: confloat(strict=True, ge=0.0, le=1e12)
+    started_at: confloat(strict=True, ge=0.0, le=1e12) = 0.0
 
     class Config:
         extra = pydantic.Extra.ignore
@@ -110,7 +114,7 @@ def encode_announcement(ann: Announcement) -> dict[str, Any]:
     """
     record = dataclasses.asdict(ann)
     record["addrs"] = list(ann.addrs)
-    for name in ("decode_steps_per_s", "prefill_tokens_per_s", "expires_at"):
+    for name in ("decode_steps_per_s", "prefill_tokens_per_s", "expires_at", "started_at"):
         record[name] = float(record[name])
     if decode_announcement(record) is None:
         raise ProtocolError(f"announcement violates the record schema: {ann}")

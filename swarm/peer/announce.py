@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import swarm
@@ -45,6 +46,7 @@ class Announcer:
         self._dht, self._rt, self._tp = dht, rt, throughput
         self._period_s = period_s
         self._public_name = public_name
+        self._started_at = time.time()
 
     def record(self) -> Announcement:
         """The announcement as of now (expires_at is set by the DHT wrapper)."""
@@ -64,6 +66,7 @@ class Announcer:
             protocol=PROTOCOL_GENERATION,
             public_name=self._public_name,
             expires_at=0.0,
+            started_at=self._started_at,
         )
 
     async def announce_once(self) -> None:

@@ -45,6 +45,8 @@ class PeerSpan:
         free_cache_tokens: KV tokens the peer can still reserve.
         sessions_free: session slots the peer can still open.
         rtt_ms: measured client ↔ peer round trip, ms; None when unknown.
+        incarnation: when this run of the peer started serving (its announcement's `started_at`,
+            Unix seconds; 0 when not announced): a new value means the peer restarted.
     """
 
     peer_id: str
@@ -55,6 +57,7 @@ class PeerSpan:
     free_cache_tokens: int
     sessions_free: int
     rtt_ms: float | None = None
+    incarnation: float = 0.0
 
 
 @dataclass(frozen=True)

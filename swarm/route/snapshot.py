@@ -25,6 +25,7 @@ def peer_spans(announcements: Iterable, rtt_ms: Mapping[str, float] | None = Non
             free_cache_tokens=a.free_cache_tokens,
             sessions_free=a.sessions_free,
             rtt_ms=rtt_ms.get(a.peer_id),
+            incarnation=a.started_at,
         )
         for a in announcements
     ]

@@ -3,21 +3,42 @@
 from __future__ import annotations
 
 import os
+import time
 
 import llama_cpp
 import pytest
 
 from swarm.client.remote import LoopThread
 from swarm.dht.node import SwarmDHT
-from swarm.localswarm import PeerProcess, PeerSet, start_peer
+from swarm.localswarm import PeerProcess, PeerSet, descendants, signal_tree, start_peer
 from swarm.p2p import PeerUnreachable, StreamSession
 from swarm.peer.handler import SPAN_PROTOCOL
 from swarm.sampling import SamplingParams
 from swarm.wire import Open, OpenOk, decode_frame, encode_frame
 
-__all__ = ["PeerProcess", "PeerSet", "RawClient", "oracle", "serve_args", "start_peer"]
+__all__ = [
+    "PeerProcess",
+    "PeerSet",
+    "RawClient",
+    "descendants",
+    "oracle",
+    "serve_args",
+    "signal_tree",
+    "start_peer",
+    "wait_for",
+]
 
 REPLY_S = 30.0
+DEADLINE_S = 30.0
+
+
+def wait_for(cond, what: str, deadline_s: float = DEADLINE_S) -> float:
+    """Poll `cond()` until true; return the seconds it took. Fails the test past the deadline."""
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < deadline_s, f"{what}: not within {deadline_s} s"
+        time.sleep(0.2)
+    return time.monotonic() - t0
 
 
 def oracle(path, prompt: str, n: int) -> str:

@@ -10,21 +10,18 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
 from swarm import Client
 from swarm.client.remote import SwarmConnection
-from swarm.errors import SwarmError
 from swarm.manifest import build_manifest
 
-from peerproc import PeerSet, RawClient, oracle, serve_args
+from peerproc import PeerSet, RawClient, descendants, oracle, serve_args, wait_for
 
 PROMPT = "The capital of France is"
 N_NEW = 16
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
-DEADLINE_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -61,32 +58,6 @@ def base_ids(base) -> list[str]:
     return [p.peer_id for p in base.started[:2]]
 
 
-def wait_for(cond, what: str, deadline_s: float = DEADLINE_S) -> float:
-    """Poll `cond()` until true; return the seconds it took. Fails the test past the deadline."""
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < deadline_s, f"{what}: not within {deadline_s} s"
-        time.sleep(0.2)
-    return time.monotonic() - t0
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant process of `pid` (children first), read from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
 def announced(watcher, model_id: str) -> dict:
     return {a.peer_id: a for a in watcher.announcements(model_id)}
 
@@ -94,7 +65,7 @@ def announced(watcher, model_id: str) -> dict:
 def generate(base, smollm2_path, rtt_ms: dict[str, float] | None = None):
     with Client(str(smollm2_path), initial_peers=base.started[0].maddrs) as client:
         if rtt_ms:
-            client._engine._rtt_ms.update(rtt_ms)  # noqa: SLF001 - steer the planner deterministically
+            client._engine.directory.rtt_ms.update(rtt_ms)  # noqa: SLF001 - steer the planner deterministically
         return client.generate(PROMPT, max_new_tokens=N_NEW)
 
 
@@ -160,24 +131,29 @@ def test_busy_peer_with_a_stale_record_makes_the_client_reroute(
         assert c.stop() == 0
 
 
-def test_sigterm_withdraws_tells_the_client_and_exits(base, smollm2_path, watcher, model_id):
+def test_sigterm_withdraws_tells_the_client_which_fails_over(base, smollm2_path, watcher, model_id):
     t = start_whole(base, smollm2_path, "term", "--announce-period", "30")  # record would live 75 s
     wait_for(lambda: t.peer_id in announced(watcher, model_id), "the new peer's record")
+    n_new = 120
+    want = oracle(smollm2_path, COUNTING, n_new)
     n_deltas = 0
     with Client(str(smollm2_path), initial_peers=base.started[0].maddrs) as client:
-        client._engine._rtt_ms.update({i: 500.0 for i in base_ids(base)})  # noqa: SLF001 - route via `t`
-        deltas = client.stream(COUNTING, max_new_tokens=1000)  # ~5 s of decoding: SIGTERM lands mid-stream
-        with pytest.raises(SwarmError, match="shutting down"):
-            for _ in deltas:
-                n_deltas += 1
-                if n_deltas == 1:
-                    assert [h.peer_id for h in deltas.telemetry.route] == [t.peer_id]
-                    t0 = time.monotonic()
-                    t.proc.send_signal(signal.SIGTERM)
-                    t.proc.wait(15)  # the client sits idle until the peer is gone: its next step must
-                    # still learn why (the peer's SHUTTING_DOWN frame), not just "connection lost"
+        client._engine.directory.rtt_ms.update({i: 500.0 for i in base_ids(base)})  # noqa: SLF001 - route via `t`
+        deltas = client.stream(COUNTING, max_new_tokens=n_new)
+        for _ in deltas:
+            n_deltas += 1
+            if n_deltas == 1:
+                assert [h.peer_id for h in deltas.telemetry.route] == [t.peer_id]
+                t0 = time.monotonic()
+                t.proc.send_signal(signal.SIGTERM)
+                t.proc.wait(15)  # the client sits idle until the peer is gone: its next step must
+                # still learn why (the peer's SHUTTING_DOWN frame), not just "connection lost"
         assert time.monotonic() - t0 < 15.0
-    assert 1 <= n_deltas < 1000  # it failed mid-stream, not at the end
+    got = deltas.result
+    assert got.text == want  # replayed on the base route, token for token
+    [f] = got.telemetry.failovers
+    assert (f.peer_id, f.reason, f.start, f.end) == (t.peer_id, "shutting_down", 0, 30)
+    assert f.replacements == base_ids(base)
     wait_for(lambda: t.peer_id not in announced(watcher, model_id), "withdrawal", deadline_s=10.0)
     assert time.monotonic() - t0 < 10.0  # gone long before the record's 75 s expiry
     assert t.proc.returncode == 0, t.stderr_text()[-2000:]

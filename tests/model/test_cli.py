@@ -1,11 +1,15 @@
-"""The `swarm` command as a user meets it: one-shot answers, and one clear line for bad input."""
+"""The `swarm` command as a user meets it: one-shot answers, one clear line for bad input, and
+the chat REPL under Ctrl-C."""
 
 from __future__ import annotations
 
 import json
 import os
+import selectors
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 
 import pytest
@@ -177,3 +181,110 @@ def test_bad_swarm_arguments(args, needle, smollm2_path):
     proc = swarm(*args, timeout=120)
     assert_clean_error(proc, needle)
     assert "/p2p/" not in proc.stdout  # refused before any address was handed out
+
+
+class Repl:
+    """`swarm chat --local` in a subprocess with piped stdin/stdout/stderr, read without blocking."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "swarm.cli", "chat", "--local", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.out = {"stdout": b"", "stderr": b""}
+        self._names = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
+        self._sel = selectors.DefaultSelector()
+        for fd in self._names:
+            os.set_blocking(fd, False)
+            self._sel.register(fd, selectors.EVENT_READ)
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def wait_for(self, ready, what: str, timeout_s: float = 120.0) -> None:
+        """Read both pipes until ready(stdout_bytes, stderr_bytes) holds, or fail at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while not ready(self.out["stdout"], self.out["stderr"]):
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sel.get_map():
+                raise AssertionError(
+                    f"no {what}: stdout={self.out['stdout'][-2000:]!r} stderr={self.out['stderr']!r}"
+                )
+            for key, _ in self._sel.select(left):
+                data = os.read(key.fd, 65536)
+                if not data:
+                    self._sel.unregister(key.fd)
+                self.out[self._names[key.fd]] += data
+
+    def wait_prompts(self, n: int) -> None:
+        """Wait until stdout holds n `> ` prompts in all and ends with the last one."""
+        self.wait_for(lambda o, e: o.count(b"> ") >= n and o.endswith(b"> "), f"prompt {n}")
+        assert self.out["stdout"].count(b"> ") == n, self.out["stdout"]
+
+    def finish(self, timeout_s: float = 60.0) -> int:
+        self.wait_for(lambda o, e: not self._sel.get_map(), "end of output", timeout_s)
+        return self.proc.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._sel.close()
+
+
+def test_repl_ctrl_c_stops_the_answer_and_keeps_chatting(smollm2_path):
+    repl = Repl("--model", str(smollm2_path), "--threads", "2", "--max-new-tokens", "2000")
+    try:
+        repl.wait_prompts(1)
+        repl.send("Count from 1 to 1000, separated by commas.")
+        repl.wait_for(lambda o, e: len(o) > len(b"> ") + 20, "answer bytes")
+        repl.proc.send_signal(signal.SIGINT)
+        repl.wait_for(lambda o, e: b"[interrupted" in e, "interrupted note")
+        assert b"dropped" in repl.out["stderr"]
+        repl.wait_prompts(2)
+        assert repl.out["stdout"].endswith(b"\n> ")  # the half answer's line was ended
+        mark = len(repl.out["stdout"])
+        repl.send("What is 2+2?")
+        repl.wait_prompts(3)
+        answer = repl.out["stdout"][mark:].decode()
+        # The dropped turn left nothing behind: the answer is that of a fresh chat.
+        from swarm import Client
+
+        expected = Client(str(smollm2_path), local=True, n_threads=2).chat(
+            [{"role": "user", "content": "What is 2+2?"}], max_new_tokens=2000
+        )
+        assert expected.telemetry.finish_reason == "stop"  # a short answer, or the test is slow
+        assert expected.text and answer == expected.text + "\n> "
+        # One Ctrl-C at the prompt only prints a hint.
+        repl.proc.send_signal(signal.SIGINT)
+        repl.wait_for(lambda o, e: b"(Ctrl-C again or /quit to exit)" in e, "hint")
+        repl.wait_prompts(4)
+        repl.send("/quit")
+        assert repl.finish() == 0
+        assert b"Traceback" not in repl.out["stderr"]
+    finally:
+        repl.kill()
+
+
+def test_repl_two_ctrl_c_in_a_row_at_the_prompt_exit_zero(smollm2_path):
+    hint = b"(Ctrl-C again or /quit to exit)"
+    repl = Repl("--model", str(smollm2_path), "--threads", "1")
+    try:
+        repl.wait_prompts(1)
+        repl.proc.send_signal(signal.SIGINT)
+        repl.wait_for(lambda o, e: hint in e, "hint")
+        repl.wait_prompts(2)
+        repl.send("")  # any input in between resets the count
+        repl.wait_prompts(3)
+        repl.proc.send_signal(signal.SIGINT)
+        repl.wait_for(lambda o, e: e.count(hint) == 2, "second hint")
+        repl.wait_prompts(4)
+        repl.proc.send_signal(signal.SIGINT)
+        assert repl.finish() == 0
+        assert repl.out["stderr"].count(hint) == 2
+        assert b"Traceback" not in repl.out["stderr"]
+    finally:
+        repl.kill()

@@ -1,12 +1,15 @@
-"""Local backend against llama-cpp-python's own whole-model output (the oracle)."""
+"""Local backend against llama-cpp-python's own whole-model output (the oracle), and several
+concurrent sessions on one local Client against their solo runs."""
 
 from __future__ import annotations
+
+import threading
 
 import llama_cpp
 import pytest
 
 from swarm import Client
-from swarm.errors import RequestError
+from swarm.errors import Busy, RequestError
 
 PROMPT = "The three most important inventions of the twentieth century are"
 
@@ -73,7 +76,9 @@ def test_chat_equals_llama_cpp_chat_completion(smol, smollm2_path):
         {"role": "system", "content": "You answer in one sentence."},
         {"role": "user", "content": "What is 2+2?"},
     ]
-    oracle = llama_cpp.Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=2, flash_attn=True, verbose=False)
+    oracle = llama_cpp.Llama(
+        model_path=str(smollm2_path), n_ctx=512, n_threads=2, flash_attn=True, verbose=False
+    )
     expected = oracle.create_chat_completion(messages, max_tokens=24, temperature=0.0)
     got = smol.chat(messages, max_new_tokens=24)
     assert got.text == expected["choices"][0]["message"]["content"]
@@ -95,3 +100,124 @@ def test_chat_equals_llama_cpp_chat_completion(smol, smollm2_path):
 def test_bad_requests_are_refused(smol, kwargs, message):
     with pytest.raises(RequestError, match=message):
         smol.generate(**kwargs)
+
+
+# Several sessions on one local Client: each must give exactly its solo output.
+
+PROMPTS = ("The capital of France is", "List three colors:")
+
+
+def interleave(streams) -> list[str]:
+    """Take one delta from each live stream in turn until all end; the texts they gave."""
+    texts = [""] * len(streams)
+    live = list(range(len(streams)))
+    while live:
+        for i in list(live):
+            try:
+                texts[i] += next(streams[i])
+            except StopIteration:
+                live.remove(i)
+    for text, stream in zip(texts, streams):
+        assert stream.result.text == text
+    return texts
+
+
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=0.8, seed=7)], ids=["greedy", "seeded"])
+def test_interleaved_streams_equal_solo(smol, sampling):
+    solo = [smol.generate(p, max_new_tokens=12, **sampling).text for p in PROMPTS]
+    assert solo[0] != solo[1] and all(solo)
+    streams = [smol.stream(p, max_new_tokens=12, **sampling) for p in PROMPTS]
+    assert interleave(streams) == solo
+    assert [s.result.telemetry.generated_tokens for s in streams] == [12, 12]
+
+
+def test_threads_on_one_client_equal_solo(smol):
+    solo = [smol.generate(p, max_new_tokens=12).text for p in PROMPTS]
+    barrier = threading.Barrier(len(PROMPTS))
+    got: list[str | BaseException | None] = [None] * len(PROMPTS)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=60)
+            got[i] = smol.generate(PROMPTS[i], max_new_tokens=12).text
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            got[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert got == solo
+
+
+def test_more_sessions_than_slots_is_busy_and_closing_frees_them(smol):
+    n_slots = smol._engine.max_sessions  # noqa: SLF001 - the engine's session limit
+    assert n_slots >= 2
+    open_streams = [smol.stream(PROMPTS[i % 2], max_new_tokens=12) for i in range(n_slots)]
+    try:
+        for s in open_streams:
+            next(s)  # the session opens with the first step
+        extra = smol.stream(PROMPTS[0], max_new_tokens=12)
+        with pytest.raises(Busy, match=f"all {n_slots} local sessions are in use"):
+            next(extra)
+    finally:
+        for s in open_streams:
+            s.close()
+    solo = smol.generate(PROMPTS[0], max_new_tokens=12).text
+    assert smol.stream(PROMPTS[0], max_new_tokens=12).run().text == solo
+
+
+def test_abandoned_streams_free_their_slots(smol):
+    solo = [smol.generate(p, max_new_tokens=12).text for p in PROMPTS]
+    n_slots = smol._engine.max_sessions  # noqa: SLF001 - the engine's session limit
+    streams = [smol.stream(PROMPTS[i % 2], max_new_tokens=12) for i in range(n_slots)]
+    try:
+        for s in streams:
+            next(s)
+            next(s)
+        streams[0].close()  # closed mid-way
+        del streams[1]  # dropped mid-way, never closed: freed when the engine needs the slot
+        # Both reuse the freed slots (sequences holding a half generation) and are exact.
+        fresh = [smol.stream(p, max_new_tokens=12) for p in PROMPTS]
+        assert interleave(fresh) == solo
+    finally:
+        for s in streams:
+            s.close()
+
+
+def test_shared_cache_overflow_is_busy(smol):
+    # smol's context is 512 tokens, shared by all of its sessions.
+    big = smol.stream(PROMPTS[0], max_new_tokens=400)
+    try:
+        next(big)
+        n_prompt = len(smol.tokenizer.encode(PROMPTS[1]))
+        second = smol.stream(PROMPTS[1], max_new_tokens=200)
+        free = 512 - (len(smol.tokenizer.encode(PROMPTS[0])) + 400)
+        with pytest.raises(Busy, match=f"needs {n_prompt + 200} KV tokens but only {free} of the 512"):
+            next(second)
+    finally:
+        big.close()
+    assert smol.generate(PROMPTS[1], max_new_tokens=200).telemetry.generated_tokens > 0
+
+
+def test_session_closed_mid_way_leaves_others_exact(smol):
+    """Closing a session while another runs must not open a hole under the running one's cells.
+
+    llama.cpp puts new tokens in the first free cell from its search head, and freeing a sequence
+    moves that head back: the running session's next tokens would land below its earlier ones, and
+    flash attention (which sums over cells in cell order) drifts from the solo run.
+    """
+    solo = smol.generate(PROMPT, max_new_tokens=32)
+    a = smol.stream(PROMPT, max_new_tokens=32)
+    try:
+        text = next(a) + next(a) + next(a)
+        b = smol.stream("List three colors of the rainbow, please, now", max_new_tokens=8)
+        next(b)
+        text += next(a) + next(a) + next(a) + next(a)
+        b.close()
+        text += "".join(a)
+    finally:
+        a.close()
+    assert a.result.tokens == solo.tokens
+    assert text == solo.text

@@ -4,6 +4,7 @@ import dataclasses
 import random
 import time
 
+from sim import failover
 from sim.scenarios import SCENARIOS, big_snapshot
 from sim.swarm_sim import Scenario, run
 from swarm.errors import NoRoute
@@ -82,3 +83,17 @@ def test_plan_time_for_10000_peers_is_printed():
     ms = (time.perf_counter() - t0) / 4 * 1000
     print(f"\nplan_route over 10,000 spans, 80 layers: {ms:.1f} ms per plan ({n}/4 routed)")
     assert n >= 1
+
+
+def test_failover_by_replay_keeps_every_generation_exact_and_leaks_nothing():
+    rep = failover.run(failover.FailoverScenario(name="faults", generations=30, fault_rate=0.9, seed=4))
+    s = rep.summary()
+    assert rep.generations == 30 and rep.faults >= 20
+    assert rep.failed == 0 and rep.exact == 30  # every one equals its fault-free run
+    assert rep.failovers >= 10 and set(s["reasons"]) == {
+        "malformed",
+        "shutting_down",
+        "timeout",
+        "unreachable",
+    }
+    assert rep.leaked_sessions == 0

@@ -1,0 +1,256 @@
+"""Simulated span peers behind the route session's injected transport, on a virtual clock.
+
+A `SpanPeer` computes a stand-in for a span of transformer blocks: each layer mixes every row with
+the running sum of the rows it has already seen in this session (its "KV cache"), so a row's output
+depends on every earlier row, in order, exactly as attention does. A replay that skipped, repeated
+or reordered a row would change every later output, and the last span's sampled token (a hash of
+its output row) with it: a failover is correct only if the tokens equal a fault-free run.
+
+Faults are scripted per peer: after a given number of Forward frames the peer dies (links reset,
+dials refused), freezes (nothing answers; the caller's timeout passes on the virtual clock), starts
+leaving (SHUTTING_DOWN), or answers malformed frames. `VirtualClock.sleep` advances time without
+waiting, so failover backoff costs nothing to simulate.
+
+This module does not: use sockets, threads, hivemind or llama.cpp. The route session it serves is
+the client's own (swarm/client/session.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from swarm.errors import PeerTimeout, PeerUnreachable
+from swarm.route.plan import PeerSpan
+from swarm.wire import Close, Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token
+
+HIDDEN = 8
+"""Width of the simulated hidden state."""
+VOCAB = 50_000
+"""Simulated vocabulary: tokens are hashes of the last row modulo this."""
+
+
+def embed(token: int) -> np.ndarray:
+    """The simulated embedding of one token: `[1, HIDDEN]` float32, a function of the id alone."""
+    return np.random.default_rng(token).standard_normal((1, HIDDEN)).astype(np.float32)
+
+
+class VirtualClock:
+    """Time that passes only when told: `now()` in seconds, `sleep(s)` advances it at once."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def now(self) -> float:
+        """Seconds since the simulation began."""
+        return self.now_s
+
+    async def sleep(self, seconds: float) -> None:
+        """Advance the clock by `seconds` without waiting."""
+        self.now_s += max(0.0, seconds)
+
+
+@dataclass
+class SpanPeer:
+    """A simulated peer serving global layers [start, end) of an `n_layers`-layer model.
+
+    Attributes:
+        fault: what happens after `fault_after` Forward frames: "die", "freeze", "leave",
+            "malformed", "hung" (blocks until the caller cancels), or "" (never).
+        state: "up", "dead", "frozen", "leaving", "malformed" or "hung" now.
+        sessions: session id -> (next position, per-layer running row sums).
+        forwards: Forward frames handled so far.
+        incarnation: the `started_at` it announces; `restart` changes it.
+        announced_sessions_free: a stale figure to announce instead of the true one (None: true).
+    """
+
+    peer_id: str
+    start: int
+    end: int
+    n_layers: int
+    decode_steps_per_s: float = 200.0
+    prefill_tokens_per_s: float = 2000.0
+    rtt_ms: float = 1.0
+    max_sessions: int = 8
+    announced_sessions_free: int | None = None
+    fault: str = ""
+    fault_after: int = 0
+    state: str = "up"
+    incarnation: float = 1.0
+    sessions: dict[bytes, list] = field(default_factory=dict)
+    forwards: int = 0
+    closed_while_frozen: set[bytes] = field(default_factory=set)
+
+    def span(self) -> PeerSpan:
+        """The announcement a client sees (a dead peer's record lingers until it expires)."""
+        return PeerSpan(
+            self.peer_id,
+            self.start,
+            self.end,
+            self.decode_steps_per_s,
+            self.prefill_tokens_per_s,
+            free_cache_tokens=1 << 20,
+            sessions_free=(
+                max(0, self.max_sessions - len(self.sessions))
+                if self.announced_sessions_free is None
+                else self.announced_sessions_free
+            ),
+            incarnation=self.incarnation,
+        )
+
+    def thaw(self) -> None:
+        """A frozen peer runs again with no fault pending; it reads the Close (or the reset) of
+        every stream its clients gave up on meanwhile and frees those sessions."""
+        self.state, self.fault = "up", ""
+        for sid in self.closed_while_frozen:
+            self.sessions.pop(sid, None)
+        self.closed_while_frozen.clear()
+
+    def restart(self) -> None:
+        """Come back up with an empty cache, as a new incarnation."""
+        self.state, self.sessions, self.fault = "up", {}, ""
+        self.closed_while_frozen.clear()
+        self.incarnation += 1.0
+
+    def handle(self, session_id: bytes, frame: Frame) -> Frame:
+        """Answer one frame of one session (the peer is up or leaving)."""
+        if self.state == "leaving":
+            return Error(ErrorCode.SHUTTING_DOWN, "peer is shutting down")
+        if isinstance(frame, Open):
+            if len(self.sessions) >= self.max_sessions:
+                return Error(ErrorCode.BUSY, f"all {self.max_sessions} session slots are in use")
+            self.sessions[session_id] = [0, np.zeros((self.end - self.start, HIDDEN), np.float64)]
+            return OpenOk(frame.max_tokens)
+        if isinstance(frame, Close):
+            self.sessions.pop(session_id, None)
+            return OpenOk(1)
+        assert isinstance(frame, Forward)
+        pos, sums = self.sessions[session_id]
+        if frame.pos0 != pos:
+            return Error(ErrorCode.BAD_REQUEST, f"step starts at position {frame.pos0}, session is at {pos}")
+        self.forwards += 1
+        out = self._compute(sums, np.asarray(frame.hidden, np.float64))
+        self.sessions[session_id][0] = pos + frame.n_tokens
+        if self.state == "malformed":
+            return Hidden(frame.step, np.zeros((1, 1), np.float32), 0.1)
+        if self.end < self.n_layers:
+            return Hidden(frame.step, out.astype(np.float32), 1.0)
+        digest = hashlib.sha256(out[-1].astype(np.float32).tobytes()).digest()
+        return Token(frame.step, int.from_bytes(digest[:4], "big") % VOCAB, 0.0, (), 1.0)
+
+    def _compute(self, sums: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Row by row, layer by layer: row <- tanh(row + 0.5 * mean of the rows seen + 0.01 * layer)."""
+        out = np.empty_like(x)
+        for r, row in enumerate(x):
+            for li, layer in enumerate(range(self.start, self.end)):
+                sums[li] += row
+                # float32 after every layer, as a real residual stream: a cut between any two layers
+                # then changes nothing, so a chain of spans equals one peer serving every layer
+                row = np.tanh(row + 0.5 * sums[li] / (np.abs(sums[li]).sum() + 1.0) + 0.01 * layer)
+                row = row.astype(np.float32).astype(np.float64)
+            out[r] = row
+        return out
+
+    def after_forward(self) -> None:
+        """Apply the scripted fault once `fault_after` Forward frames were handled."""
+        if self.fault and self.state == "up" and self.forwards >= self.fault_after:
+            self.state = {"die": "dead", "freeze": "frozen", "leave": "leaving"}.get(self.fault, self.fault)
+            if self.state == "dead":
+                self.sessions.clear()
+
+
+class SimLink:
+    """`HopLink` to a `SpanPeer`: frames are handed over as objects; faults surface as errors."""
+
+    def __init__(self, peer: SpanPeer, clock: VirtualClock, session_id: bytes):
+        self.peer_id, self._peer, self._clock, self._sid = peer.peer_id, peer, clock, session_id
+        self.closed = False
+
+    async def exchange(self, frame: Frame, timeout_s: float) -> tuple[Frame, int, int]:
+        """Deliver one frame; see `swarm.client.session.HopLink.exchange`."""
+        peer = self._peer
+        if self.closed or peer.state == "dead":
+            raise PeerUnreachable(f"stream to {peer.peer_id} was reset")
+        if peer.state == "frozen":
+            await self._clock.sleep(timeout_s)
+            raise PeerTimeout(f"no frame from {peer.peer_id} within {timeout_s:.1f} s")
+        if peer.state == "hung":  # for callers that cancel a step themselves (Ctrl-C)
+            await asyncio.Event().wait()
+        await self._clock.sleep(peer.rtt_ms / 1000.0)
+        if isinstance(frame, Open):
+            self._sid = frame.session_id
+        reply = peer.handle(self._sid, frame)
+        if isinstance(frame, Forward):
+            peer.after_forward()
+        return reply, 100, 100
+
+    async def close(self) -> None:
+        """Close the session on the peer; a frozen one reads the Close when it thaws."""
+        if not self.closed and self._peer.state in ("up", "malformed", "leaving"):
+            self._peer.sessions.pop(self._sid, None)
+        elif not self.closed and self._peer.state in ("frozen", "hung"):
+            self._peer.closed_while_frozen.add(self._sid)
+        self.closed = True
+
+
+class SimSwarm:
+    """`HopTransport` and `PeerDirectory` over a set of `SpanPeer`s on one virtual clock."""
+
+    def __init__(self, peers: list[SpanPeer], clock: VirtualClock, probe_timeout_s: float = 2.0):
+        self.by_id = {p.peer_id: p for p in peers}
+        self.clock = clock
+        self._probe_timeout_s = probe_timeout_s
+        self.withdrawn: set[str] = set()
+        self.measured: set[str] = set()
+
+    async def connect(self, peer_id: str, timeout_s: float) -> SimLink:
+        """Dial a peer: refused when dead, timed out when frozen."""
+        peer = self.by_id[peer_id]
+        if peer.state == "dead":
+            raise PeerUnreachable(f"cannot dial {peer_id}: connection refused")
+        if peer.state == "frozen":
+            await self.clock.sleep(timeout_s)
+            raise PeerTimeout(f"{peer_id} did not accept a stream within {timeout_s:.1f} s")
+        return SimLink(peer, self.clock, b"")
+
+    async def peers(self, skip_probe: frozenset[str], fresh: bool) -> list[PeerSpan]:
+        """Every record not withdrawn (always current: `fresh` changes nothing); unmeasured peers
+        are probed (a dead or frozen one: inf)."""
+        out = []
+        for p in self.by_id.values():
+            if p.peer_id in self.withdrawn:
+                continue
+            span = p.span()
+            if p.peer_id not in self.measured and p.peer_id not in skip_probe:
+                answered = await self.probe([p.peer_id])
+                rtt = p.rtt_ms if answered else float("inf")
+                span = PeerSpan(**{**span.__dict__, "rtt_ms": rtt})
+            elif p.peer_id in self.measured:
+                span = PeerSpan(**{**span.__dict__, "rtt_ms": p.rtt_ms})
+            out.append(span)
+        return out
+
+    async def probe(self, peer_ids: Collection[str]) -> set[str]:
+        """Ping: peers that are up or leaving answer; a frozen one costs the probe timeout."""
+        answered = set()
+        for peer_id in peer_ids:
+            peer = self.by_id[peer_id]
+            if peer.state in ("dead", "frozen"):
+                self.measured.discard(peer_id)
+                if peer.state == "frozen":
+                    await self.clock.sleep(self._probe_timeout_s)
+            else:
+                answered.add(peer_id)
+                self.measured.add(peer_id)
+        return answered
+
+    def open_sessions(self) -> int:
+        """Sessions held by peers that can hear a Close: a leak if non-zero after every generation.
+
+        A frozen peer keeps its sessions until its own idle timeout frees them, as a real one does.
+        """
+        return sum(len(p.sessions) for p in self.by_id.values() if p.state not in ("dead", "frozen", "hung"))

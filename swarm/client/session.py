@@ -1,0 +1,386 @@
+"""One generation's route over the swarm, with failover by replay.
+
+A `RouteSession` plans a chain of peers covering every layer, opens one sticky link per hop,
+and carries each step (a prefill chunk or a one-token decode step) hop by hop; the last hop
+answers with the sampled token. Every row a hop has been sent is kept, so when a hop fails
+(stream closed, refused, timed out, BUSY, SHUTTING_DOWN, malformed reply) only that hop's layers
+[start, end) are re-planned, the new hop or hops are opened, the failed hop's inputs are replayed
+on them in chunks, and the step goes on: the text equals a fault-free run token for token, since
+each span's output depends only on the rows it was given and the last span samples by position.
+
+Everything that does I/O or reads time is passed in: the `PeerDirectory` (announced spans and RTT
+probes), the `HopTransport` (links to peers), the clock, the sleep and the RNG. The client runs it
+over libp2p streams (swarm/client/remote.py); the simulator (sim/) runs it over simulated peers;
+unit tests run it over scripted peers. The policy numbers live in swarm/route/failover.py.
+
+This module does not: read the DHT, encode frames to bytes, embed tokens or sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from swarm.client.telemetry import FailoverEvent, GenerationTelemetry, HopTelemetry
+from swarm.errors import Busy, NoRoute, PeerTimeout, PeerUnreachable, ProtocolError, SwarmError
+from swarm.route.failover import Exclusions, FailoverPolicy, backoff_s, step_timeout_s
+from swarm.route.plan import Hop, PeerSpan, plan_route
+from swarm.sampling import SamplingParams
+from swarm.wire import Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token
+
+
+class HopLink(Protocol):
+    """A sticky stream to one peer for one session."""
+
+    peer_id: str
+
+    async def exchange(self, frame: Frame, timeout_s: float) -> tuple[Frame, int, int]:
+        """Send `frame`, return the peer's reply with the bytes sent and received.
+
+        Raises:
+            PeerTimeout: no reply within timeout_s.
+            PeerUnreachable: the stream is closed or broke.
+            ProtocolError: the reply is malformed.
+        """
+
+    async def close(self) -> None:
+        """Tell the peer the session is over (best effort) and close the stream; never raises."""
+
+
+class HopTransport(Protocol):
+    """Opens links to peers."""
+
+    async def connect(self, peer_id: str, timeout_s: float) -> HopLink:
+        """Open a link to `peer_id`. Raises PeerUnreachable or PeerTimeout."""
+
+
+class PeerDirectory(Protocol):
+    """The model's announced spans as this client sees them."""
+
+    async def peers(self, skip_probe: frozenset[str], fresh: bool) -> list[PeerSpan]:
+        """Live announced spans with RTTs; peers not measured yet (and not in `skip_probe`) are
+        probed first, and one that does not answer has `rtt_ms` = inf. `fresh`: read the DHT now;
+        else the directory may answer from its last read (seconds old) and save a DHT round."""
+
+    async def probe(self, peer_ids: Collection[str]) -> set[str]:
+        """Probe these peers afresh; return the ones that answered."""
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What one generation asks of every hop.
+
+    Attributes:
+        model_id: the model.
+        client_id: this client's peer id (owner of the sessions on the peers).
+        n_layers: layers in the model; the route covers [0, n_layers).
+        n_tokens: KV tokens to reserve on every hop (prompt + max new tokens).
+        sampling: sampling parameters for the last hop.
+    """
+
+    model_id: str
+    client_id: str
+    n_layers: int
+    n_tokens: int
+    sampling: SamplingParams
+
+
+@dataclass
+class _Hop:
+    span: PeerSpan
+    link: HopLink
+    telemetry: HopTelemetry
+    inputs: list[np.ndarray]
+    """Every `[rows, hidden]` float32 block this hop was sent, from position 0 on: its replay."""
+
+    @property
+    def peer_id(self) -> str:
+        return self.span.peer_id
+
+
+class _HopFailed(Exception):
+    """Internal: `hop` failed with the user-facing `error`."""
+
+    def __init__(self, span: PeerSpan, error: SwarmError):
+        super().__init__(str(error))
+        self.span, self.error = span, error
+
+
+class ShuttingDown(Busy):
+    """The peer is leaving the swarm (it said SHUTTING_DOWN)."""
+
+
+def failure_reason(error: SwarmError) -> str:
+    """A short reason code for a hop failure, for exclusions and telemetry."""
+    if isinstance(error, PeerTimeout):
+        return "timeout"
+    if isinstance(error, PeerUnreachable):
+        return "unreachable"
+    if isinstance(error, ShuttingDown):
+        return "shutting_down"
+    if isinstance(error, Busy):
+        return "busy"
+    if isinstance(error, ProtocolError):
+        return "malformed"
+    return "error"
+
+
+def error_of(peer_id: str, err: Error) -> SwarmError:
+    """The exception for an `Error` frame from `peer_id`."""
+    message = f"peer {peer_id[:12]}…: {err.message}"
+    kinds = {
+        ErrorCode.BUSY: Busy,
+        ErrorCode.SHUTTING_DOWN: ShuttingDown,
+        ErrorCode.NOT_FOUND: PeerUnreachable,
+        ErrorCode.PROTOCOL: ProtocolError,
+    }
+    return kinds.get(err.code, SwarmError)(message)
+
+
+class RouteSession:
+    """A route of hops for one generation; `open`, then `step` per chunk, then `close`.
+
+    Args:
+        spec: the session's model, owner, size and sampling.
+        directory: announced spans and probes.
+        transport: links to peers.
+        exclusions: peers to avoid, shared with the client's other sessions.
+        telemetry: filled with the route, per-hop costs, retries and failovers.
+        policy: failover limits and timeouts.
+        now: monotonic clock, seconds.
+        sleep: awaitable sleep, seconds (backoff).
+        rng: jitter and session ids.
+    All methods run on one event loop; one call at a time.
+    """
+
+    def __init__(
+        self,
+        spec: SessionSpec,
+        directory: PeerDirectory,
+        transport: HopTransport,
+        exclusions: Exclusions,
+        telemetry: GenerationTelemetry,
+        policy: FailoverPolicy,
+        *,
+        now: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]],
+        rng: random.Random,
+    ):
+        self.spec, self._directory, self._transport = spec, directory, transport
+        self._exclusions, self.telemetry, self.policy = exclusions, telemetry, policy
+        self._now, self._sleep, self._rng = now, sleep, rng
+        self._hops: list[_Hop] = []
+        self._links: set[HopLink] = set()
+        self._step = 0
+        self.pos = 0
+        """Tokens every hop holds: the next step starts at this position."""
+
+    @property
+    def route(self) -> list[str]:
+        """Peer ids of the current hops, in layer order."""
+        return [h.peer_id for h in self._hops]
+
+    async def open(self) -> None:
+        """Plan a route over every layer and open a session on each hop.
+
+        Raises:
+            NoRoute: no chain of live peers with room, even after a fresh probe of excluded peers,
+                or every attempt to open one failed.
+        """
+        self._hops = await self._open_stretch(0, self.spec.n_layers, None, fresh=True)
+        self.telemetry.route = [h.telemetry for h in self._hops]
+
+    async def step(self, x: np.ndarray) -> Token:
+        """Run `x` (`[n, hidden]` float32, positions pos..pos+n-1) through every hop.
+
+        A failed hop is replaced and replayed, and the step continues (see the module docstring).
+        Returns:
+            Token: the last hop's sampled token after the last row.
+        Raises:
+            SwarmError: more than policy.max_failovers failovers, or no replacement for a failed hop.
+        """
+        pos0, i = self.pos, 0
+        while i < len(self._hops):
+            hop, t_start = self._hops[i], self._now()
+            try:
+                reply = await self._forward(hop, pos0, x)
+            except _HopFailed as f:
+                await self._fail_over(i, f.error, t_start)
+                continue
+            hop.inputs.append(x)
+            if isinstance(reply, Token):
+                self.pos += x.shape[0]
+                return reply
+            x, i = np.asarray(reply.hidden, dtype=np.float32), i + 1
+        raise NoRoute("the route has no hops")
+
+    async def close(self) -> None:
+        """Close every link this session opened, half-opened ones too, and drop recorded inputs."""
+        for hop in self._hops:
+            hop.inputs.clear()
+        self._hops = []
+        links, self._links = list(self._links), set()
+        await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
+
+    # -- steps -------------------------------------------------------------------------------------
+
+    async def _forward(self, hop: _Hop, pos0: int, x: np.ndarray) -> Hidden | Token:
+        last = hop.span.end == self.spec.n_layers
+        frame = Forward(step=self._step, pos0=pos0, hidden=x, sample=last)
+        self._step += 1
+        reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy))
+        if last and isinstance(reply, Token):
+            return reply
+        if not last and isinstance(reply, Hidden) and reply.hidden.shape == x.shape:
+            return reply
+        raise _HopFailed(
+            hop.span, ProtocolError(f"peer {hop.peer_id[:12]}… answered a bad {type(reply).__name__}")
+        )
+
+    async def _exchange(self, hop: _Hop, frame: Frame, timeout_s: float) -> Frame:
+        t0 = self._now()
+        try:
+            reply, sent, received = await hop.link.exchange(frame, timeout_s)
+        except SwarmError as e:
+            raise _HopFailed(hop.span, e) from e
+        rtt_ms = (self._now() - t0) * 1000.0
+        t = hop.telemetry
+        t.steps += 1
+        t.bytes_sent += sent
+        t.bytes_received += received
+        if isinstance(reply, Error):
+            raise _HopFailed(hop.span, error_of(hop.peer_id, reply))
+        compute_ms = getattr(reply, "compute_ms", 0.0)
+        t.compute_ms += compute_ms
+        t.network_ms += max(0.0, rtt_ms - compute_ms)
+        return reply
+
+    # -- failover ----------------------------------------------------------------------------------
+
+    async def _fail_over(self, i: int, error: SwarmError, t_start: float) -> None:
+        """Replace hop i by new hops for its layers, caught up to `self.pos` by replay."""
+        hop = self._hops[i]
+        if len(self.telemetry.failovers) >= self.policy.max_failovers:
+            raise SwarmError(
+                f"gave up after {self.policy.max_failovers} failovers in one generation; last: {error}"
+            ) from error
+        reason = failure_reason(error)
+        self._exclusions.add(hop.peer_id, reason, self._now(), hop.span.incarnation)
+        await self._drop(hop.link)
+        rows = np.concatenate(hop.inputs) if hop.inputs else None
+        hop.inputs.clear()
+        event = FailoverEvent(hop.peer_id, hop.span.start, hop.span.end, reason, str(error), self.pos)
+        self.telemetry.failovers.append(event)
+        # The snapshot this generation planned from is seconds old and already lists the failed hop's
+        # peers of the same span: re-plan from it, and read the DHT only if it has no replacement.
+        new = await self._open_stretch(hop.span.start, hop.span.end, rows, fresh=False)
+        self._hops[i : i + 1] = new
+        self.telemetry.route = [h.telemetry for h in self._hops]
+        event.replayed_tokens = 0 if rows is None else int(rows.shape[0])
+        event.replacements = [h.peer_id for h in new]
+        event.stall_ms = (self._now() - t_start) * 1000.0
+
+    async def _open_stretch(self, start: int, end: int, rows: np.ndarray | None, fresh: bool) -> list[_Hop]:
+        """Open hops chaining layers [start, end) and replay `rows` (positions 0..) through them.
+        `fresh`: plan the first attempt from a new DHT read (later attempts always read anew)."""
+        last_error: SwarmError | None = None
+        for attempt in range(self.policy.max_open_attempts):
+            await self._sleep(backoff_s(attempt, self.policy, self._rng))
+            hops, spans = await self._plan(start, end, fresh=fresh or attempt > 0)
+            opened: list[_Hop] = []
+            try:
+                for h in hops:
+                    opened.append(await self._open_hop(h, spans[h.peer_id]))
+                if rows is not None:
+                    await self._replay(opened, rows)
+                return opened
+            except _HopFailed as f:
+                last_error = f.error
+                self.telemetry.retries += 1
+                self._exclusions.add(f.span.peer_id, failure_reason(f.error), self._now(), f.span.incarnation)
+                for h in opened:
+                    await self._drop(h.link)
+        raise NoRoute(
+            f"could not open layers [{start}, {end}) after {self.policy.max_open_attempts} attempts; "
+            f"last error: {last_error}"
+        )
+
+    async def _plan(self, start: int, end: int, fresh: bool) -> tuple[tuple[Hop, ...], dict[str, PeerSpan]]:
+        """Plan [start, end) around excluded peers. Before giving up: read the DHT anew (if the
+        plan came from the directory's last read), then probe the peers excluded for not answering
+        (timeout, unreachable) afresh, once."""
+        spans = await self._directory.peers(self._exclusions.active(self._now()), fresh)
+        try:
+            return self._plan_over(spans, start, end)
+        except NoRoute:
+            if not fresh:
+                return await self._plan(start, end, fresh=True)
+            # A probe proves only that a peer is alive again: it clears liveness failures, not a
+            # peer that answered garbage or said it is busy.
+            suspects = {
+                s.peer_id for s in spans if self._exclusions.reason(s.peer_id) in ("timeout", "unreachable")
+            }
+            if not suspects:
+                raise
+            self._exclusions.forgive(await self._directory.probe(suspects))
+            spans = await self._directory.peers(self._exclusions.active(self._now()), fresh=False)
+            return self._plan_over(spans, start, end)
+
+    def _plan_over(
+        self, spans: list[PeerSpan], start: int, end: int
+    ) -> tuple[tuple[Hop, ...], dict[str, PeerSpan]]:
+        now = self._now()
+        for s in spans:
+            if s.rtt_ms == float("inf"):
+                self._exclusions.add(s.peer_id, "unreachable", now, s.incarnation)
+        exclude = self._exclusions.active(now, {s.peer_id: s.incarnation for s in spans})
+        plan = plan_route(
+            spans, self.spec.n_layers, self.spec.n_tokens, start=start, end=end, exclude=exclude
+        )
+        return plan.hops, {s.peer_id: s for s in spans}
+
+    async def _open_hop(self, h: Hop, span: PeerSpan) -> _Hop:
+        spec = self.spec
+        frame = Open(
+            session_id=self._rng.randbytes(16),
+            client_id=spec.client_id,
+            model_id=spec.model_id,
+            start=h.start,
+            end=h.end,
+            max_tokens=spec.n_tokens,
+            sampling=spec.sampling,
+        )
+        try:
+            link = await self._transport.connect(h.peer_id, self.policy.open_timeout_s)
+        except SwarmError as e:
+            raise _HopFailed(span, e) from e
+        self._links.add(link)
+        hop = _Hop(span, link, HopTelemetry(peer_id=h.peer_id, start=h.start, end=h.end), [])
+        try:
+            reply = await self._exchange(hop, frame, self.policy.open_timeout_s)
+            if not isinstance(reply, OpenOk):
+                raise _HopFailed(span, ProtocolError(f"peer {h.peer_id[:12]}… answered open with {reply}"))
+        except _HopFailed:
+            await self._drop(link)
+            raise
+        return hop
+
+    async def _replay(self, hops: list[_Hop], rows: np.ndarray) -> None:
+        """Send `rows` (positions 0..) through `hops` in chunks, recording each hop's inputs."""
+        chunk = self.policy.replay_chunk_tokens
+        for pos0 in range(0, rows.shape[0], chunk):
+            x = rows[pos0 : pos0 + chunk]
+            for hop in hops:
+                reply = await self._forward(hop, pos0, x)
+                hop.inputs.append(x)
+                if isinstance(reply, Hidden):
+                    x = np.asarray(reply.hidden, dtype=np.float32)
+
+    async def _drop(self, link: HopLink) -> None:
+        self._links.discard(link)
+        await link.close()

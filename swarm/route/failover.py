@@ -1,0 +1,134 @@
+"""Failover policy of a route session: how long to wait for a hop, when to retry, whom to avoid.
+
+Pure arithmetic and bookkeeping over numbers the caller passes in (a hop's announced speed, the
+time now, a random draw), so the client's route session and the simulator apply the same policy,
+and every branch is unit-tested without peers.
+
+- `step_timeout_s`: a hop that has not answered within what its announced throughput predicts
+  (times a slack, plus a floor of a few seconds) is treated as dead, so a frozen peer is found in
+  seconds, not after a fixed two minutes.
+- `backoff_s`: the first retry is immediate; later ones wait exponentially longer, with jitter so
+  that the clients of a peer that just died do not stampede its replacement together.
+- `Exclusions`: peers that just failed are avoided for `exclusion_s` (about a minute), or until
+  they come back as a new incarnation (a restarted peer announces a new `started_at`).
+
+This module does not: sleep, read a clock, open streams or read the DHT.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from swarm.route.plan import PeerSpan
+
+
+@dataclass(frozen=True)
+class FailoverPolicy:
+    """Limits of one generation's failover.
+
+    Attributes:
+        max_failovers: hop replacements allowed in one generation before it fails.
+        max_open_attempts: plans tried to open (or re-open) one stretch of layers.
+        backoff_base_s, backoff_cap_s: second attempt waits about base, then doubling up to cap
+            (seconds, before jitter).
+        exclusion_s: how long a failed peer is avoided, seconds.
+        step_timeout_floor_s: no step waits less than this for a hop, seconds.
+        step_timeout_slack: expected compute time is multiplied by this before the floor is added.
+        open_timeout_s: dialling a peer and its Open handshake, seconds.
+        probe_timeout_s: one RTT probe (ping) of a peer, seconds.
+        replay_chunk_tokens: rows per Forward when replaying a failed hop's inputs.
+    """
+
+    max_failovers: int = 8
+    max_open_attempts: int = 6
+    backoff_base_s: float = 0.1
+    backoff_cap_s: float = 2.0
+    exclusion_s: float = 60.0
+    step_timeout_floor_s: float = 3.0
+    step_timeout_slack: float = 8.0
+    open_timeout_s: float = 5.0
+    probe_timeout_s: float = 2.0
+    replay_chunk_tokens: int = 256
+
+
+def backoff_s(attempt: int, policy: FailoverPolicy, rng: random.Random) -> float:
+    """Seconds to wait before attempt number `attempt` (0-based) of opening a stretch of layers.
+
+    Attempt 0 waits nothing; attempt k >= 1 waits min(cap, base * 2**(k-1)) times a uniform draw
+    in [0.5, 1) ("equal jitter", as in AWS's backoff-and-jitter note).
+    """
+    if attempt <= 0:
+        return 0.0
+    ceiling = min(policy.backoff_cap_s, policy.backoff_base_s * 2.0 ** (attempt - 1))
+    return ceiling * (0.5 + 0.5 * rng.random())
+
+
+def step_timeout_s(span: PeerSpan, n_tokens: int, policy: FailoverPolicy) -> float:
+    """Seconds to wait for a hop's answer to a Forward of `n_tokens` rows.
+
+    floor + slack * (expected compute + round trip), where expected compute is 1 / decode steps/s
+    for one row and n_tokens / prefill tokens/s for more, as the peer announced them. A peer whose
+    announced speed is unusable (zero, infinite) gets the floor alone.
+    """
+    rate = span.decode_steps_per_s if n_tokens <= 1 else span.prefill_tokens_per_s / max(1, n_tokens)
+    compute_s = 1.0 / rate if 0 < rate < math.inf else 0.0
+    rtt_s = span.rtt_ms / 1000.0 if span.rtt_ms is not None and 0 <= span.rtt_ms < math.inf else 0.0
+    return policy.step_timeout_floor_s + policy.step_timeout_slack * (compute_s + rtt_s)
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """Why and until when one peer is avoided.
+
+    Attributes:
+        reason: the failure ("timeout", "unreachable", "busy", "shutting_down", "malformed", "error").
+        until_s: the exclusion ends at this time (caller's clock, seconds).
+        incarnation: the `started_at` of the announcement that failed; another value is a restart.
+    """
+
+    reason: str
+    until_s: float
+    incarnation: float
+
+
+class Exclusions:
+    """Peers to leave out of plans for a while; shared by the sessions of one client.
+
+    A peer is excluded from `add` until `exclusion_s` later, or until the swarm shows another
+    incarnation of it, or until `forgive` (it answered a fresh probe).
+    """
+
+    def __init__(self, exclusion_s: float):
+        self.exclusion_s = exclusion_s
+        self._by_peer: dict[str, Exclusion] = {}
+
+    def add(self, peer_id: str, reason: str, now_s: float, incarnation: float) -> None:
+        """Avoid `peer_id` from `now_s` for `exclusion_s` seconds (a later failure extends it)."""
+        self._by_peer[peer_id] = Exclusion(reason, now_s + self.exclusion_s, incarnation)
+
+    def forgive(self, peer_ids: Iterable[str]) -> None:
+        """Stop avoiding these peers (they answered a probe)."""
+        for peer_id in peer_ids:
+            self._by_peer.pop(peer_id, None)
+
+    def active(self, now_s: float, incarnations: Mapping[str, float] | None = None) -> frozenset[str]:
+        """Peers excluded at `now_s`; expired ones and restarted ones are dropped for good.
+
+        Args:
+            now_s: time now, on the clock `add` was given.
+            incarnations: peer id -> `started_at` of its current announcement, where known.
+        """
+        incarnations = incarnations or {}
+        for peer_id, ex in list(self._by_peer.items()):
+            restarted = peer_id in incarnations and incarnations[peer_id] != ex.incarnation
+            if now_s >= ex.until_s or restarted:
+                del self._by_peer[peer_id]
+        return frozenset(self._by_peer)
+
+    def reason(self, peer_id: str) -> str | None:
+        """Why `peer_id` is excluded, or None."""
+        ex = self._by_peer.get(peer_id)
+        return ex.reason if ex else None

@@ -1,0 +1,165 @@
+"""Generations that survive their peers: kill -9, SIGTERM and SIGSTOP of a routed middle peer.
+
+SmolLM2 on 127.0.0.1: spans 0:10, 10:20 (two peers), 20:30, refreshing their records every
+second. Each test breaks the middle peer a generation is routed through after a few tokens; the
+generation must complete with exactly the fault-free text (llama.cpp's whole model for greedy, a
+fault-free swarm run for seeded sampling), and afterwards no live peer may hold a session.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+
+import pytest
+
+from swarm import Client
+from swarm.client.remote import SwarmConnection
+from swarm.manifest import build_manifest
+
+from peerproc import PeerSet, oracle, serve_args, signal_tree, wait_for
+
+PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
+N_NEW = 48
+MIDDLES = ("m1", "m2")
+
+
+class Swarm:
+    """The module's peers by name, a watcher reading their announcements, and restarts."""
+
+    def __init__(self, ps: PeerSet, model_path, join: str):
+        self.ps, self.model_path, self.join = ps, model_path, join
+        self.by_name = {}
+        self.model_id = build_manifest(model_path).model_id
+        self.watcher: SwarmConnection | None = None
+        self.broken: dict[str, int] = {}
+
+    def start(self, name: str, layers: str, *extra: str):
+        join = extra or ("--initial-peers", self.join)
+        args = serve_args(self.model_path, layers, *join, "--announce-period", "1", "--max-sessions", "4")
+        self.by_name[name] = self.ps.start(name, *args)
+        return self.by_name[name]
+
+    def announced(self) -> dict:
+        return {a.peer_id: a for a in self.watcher.announcements(self.model_id)}
+
+    def name_of(self, peer_id: str) -> str:
+        return next(n for n, p in self.by_name.items() if p.peer_id == peer_id)
+
+    def heal(self) -> None:
+        """Restart every middle peer that is not running (same home: same identity), thaw the
+        frozen ones, and wait until all four are announced with every session slot free."""
+        for name, sig in self.broken.items():
+            p = self.by_name[name]
+            if sig == signal.SIGSTOP:
+                signal_tree(p, signal.SIGCONT)
+            else:
+                p.proc.wait(30)  # a SIGTERM'd peer withdraws and says goodbye first
+                self.start(name, "10:20")
+        self.broken.clear()
+        ids = {p.peer_id for p in self.by_name.values()}
+        wait_for(
+            lambda: all(
+                (a := self.announced().get(i)) is not None and a.sessions_free == a.max_sessions for i in ids
+            ),
+            "every peer announced with every session slot free",
+        )
+
+
+@pytest.fixture(scope="module")
+def swarm(smollm2_path, tmp_path_factory):
+    ps = PeerSet(tmp_path_factory.mktemp("failover"))
+    s = Swarm(ps, smollm2_path, "")
+    first = s.start("a", "0:10", "--new-swarm")
+    s.join = first.maddrs[0]
+    for name in MIDDLES:
+        s.start(name, "10:20")
+    s.start("z", "20:30")
+    s.watcher = SwarmConnection(first.maddrs)
+    yield s
+    s.watcher.close()
+    for p in s.by_name.values():
+        signal_tree(p, signal.SIGCONT)
+    ps.stop_all()
+
+
+@pytest.fixture(scope="module")
+def expected(smollm2_path) -> str:
+    return oracle(smollm2_path, PROMPT, N_NEW)
+
+
+def generate_breaking_the_middle(swarm: Swarm, client: Client, sig: int, after: int = 5, **sampling):
+    """Generate N_NEW tokens; after `after` deltas break the routed middle peer with `sig`."""
+    stream = client.stream(PROMPT, max_new_tokens=N_NEW, **sampling)
+    victim = None
+    for i, _ in enumerate(stream, 1):
+        if i == after:
+            victim = swarm.name_of(stream.telemetry.route[1].peer_id)
+            peer = swarm.by_name[victim]
+            if sig == signal.SIGTERM:  # `kill PID`: the peer leaves on its own, telling its clients
+                peer.proc.send_signal(sig)
+                peer.proc.wait(30)  # the client is idle meanwhile: its next step must learn why
+            else:  # the whole machine dies or freezes: no part of the peer can say anything
+                signal_tree(peer, sig)
+            swarm.broken[victim] = sig
+    assert victim is not None
+    return stream.result, victim
+
+
+@pytest.mark.parametrize(
+    "sig, reason",
+    [(signal.SIGKILL, "unreachable"), (signal.SIGTERM, "shutting_down"), (signal.SIGSTOP, "timeout")],
+    ids=["kill9", "sigterm", "sigstop"],
+)
+def test_generation_survives_its_middle_peer(swarm, expected, sig, reason):
+    swarm.heal()
+    with Client(str(swarm.model_path), initial_peers=[swarm.join]) as client:
+        got, victim = generate_breaking_the_middle(swarm, client, sig)
+    assert got.text == expected
+    [f] = got.telemetry.failovers
+    other = swarm.by_name["m2" if victim == "m1" else "m1"].peer_id
+    assert (f.peer_id, f.start, f.end, f.reason) == (swarm.by_name[victim].peer_id, 10, 20, reason)
+    assert f.replacements == [other] and f.replayed_tokens == f.position >= got.telemetry.prompt_tokens + 4
+    assert [h.peer_id for h in got.telemetry.route][1] == other
+    swarm.heal()  # also: every live peer's sessions were released
+
+
+def test_seeded_sampling_survives_a_kill(swarm):
+    swarm.heal()
+    sampling = dict(temperature=0.9, top_p=0.95, seed=1234)
+    with Client(str(swarm.model_path), initial_peers=[swarm.join]) as client:
+        calm = client.generate(PROMPT, max_new_tokens=N_NEW, **sampling)
+        got, _ = generate_breaking_the_middle(swarm, client, signal.SIGKILL, after=7, **sampling)
+    assert got.tokens == calm.tokens and len(got.telemetry.failovers) == 1
+    swarm.heal()
+
+
+def test_restarted_peer_is_routed_through_again_by_the_same_client(swarm, expected):
+    swarm.heal()
+    with Client(str(swarm.model_path), initial_peers=[swarm.join]) as client:
+        _, victim = generate_breaking_the_middle(swarm, client, signal.SIGKILL)
+        swarm.heal()  # the victim restarts with the same identity and is announced again
+        other = "m2" if victim == "m1" else "m1"
+        client._engine.directory.rtt_ms[swarm.by_name[other].peer_id] = 500.0  # noqa: SLF001 - prefer the victim
+        got = client.generate(PROMPT, max_new_tokens=8)
+    assert [h.peer_id for h in got.telemetry.route][1] == swarm.by_name[victim].peer_id
+    assert not got.telemetry.failovers
+
+
+def test_random_kills_over_twenty_generations_leak_no_session(swarm, smollm2_path, expected):
+    swarm.heal()
+    rng = random.Random(8)
+    prompts = ["The capital of France is", "List three colors:", "def add(a, b):", PROMPT]
+    want = {p: oracle(smollm2_path, p, 12) for p in prompts}
+    with Client(str(swarm.model_path), initial_peers=[swarm.join]) as client:
+        for i in range(20):
+            prompt = rng.choice(prompts)
+            if i % 3 == 2:  # every third generation loses its middle peer, a random way
+                sig = rng.choice([signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP])
+                got, _ = generate_breaking_the_middle(swarm, client, sig, after=rng.randint(1, 4))
+                got_text, want_text = got.text, expected
+                swarm.heal()
+            else:
+                got_text, want_text = client.generate(prompt, max_new_tokens=12).text, want[prompt]
+            assert got_text == want_text, f"generation {i}"
+    swarm.heal()  # every live peer is back to every session slot free

@@ -1,0 +1,252 @@
+"""The route session's failover policy over simulated span peers (sim/transport.py).
+
+Every generation is compared with a fault-free run over one peer that serves the whole model:
+the simulated blocks make each output depend on every earlier row in order, so a failover that
+replayed too little, too much or out of order gives other tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+
+from sim.transport import SimSwarm, SpanPeer, VirtualClock, embed
+from swarm.client.session import RouteSession, SessionSpec
+from swarm.client.telemetry import GenerationTelemetry
+from swarm.errors import NoRoute, SwarmError
+from swarm.route.failover import Exclusions, FailoverPolicy
+from swarm.sampling import SamplingParams
+
+N_LAYERS = 30
+PROMPT = [11, 22, 33, 44, 55, 66, 77]
+N_NEW = 12
+POLICY = FailoverPolicy(replay_chunk_tokens=4)
+
+
+def peer(peer_id: str, start: int, end: int, **kw) -> SpanPeer:
+    return SpanPeer(peer_id, start, end, N_LAYERS, **kw)
+
+
+class Run:
+    """A simulated swarm, its clock, and the exclusions its client keeps across generations."""
+
+    def __init__(self, peers: list[SpanPeer], policy: FailoverPolicy = POLICY):
+        self.clock = VirtualClock()
+        self.swarm = SimSwarm(peers, self.clock)
+        self.policy = policy
+        self.exclusions = Exclusions(policy.exclusion_s)
+
+    def session(self, telemetry: GenerationTelemetry) -> RouteSession:
+        spec = SessionSpec("ab" * 8, "client", N_LAYERS, len(PROMPT) + N_NEW, SamplingParams())
+        return RouteSession(
+            spec,
+            self.swarm,
+            self.swarm,
+            self.exclusions,
+            telemetry,
+            self.policy,
+            now=self.clock.now,
+            sleep=self.clock.sleep,
+            rng=random.Random(0),
+        )
+
+    def generate(self, n_new: int = N_NEW, on_token=None) -> tuple[list[int], GenerationTelemetry]:
+        """Prefill PROMPT in chunks of 3, then greedy-style decode n_new tokens; always closes."""
+        telemetry = GenerationTelemetry(backend="sim")
+
+        async def go() -> list[int]:
+            s = self.session(telemetry)
+            try:
+                await s.open()
+                x = np.concatenate([embed(t) for t in PROMPT])
+                for i in range(0, len(PROMPT), 3):
+                    tok = await s.step(x[i : i + 3])
+                tokens = [tok.token]
+                while len(tokens) < n_new:
+                    if on_token:
+                        on_token(len(tokens))
+                    tokens.append((await s.step(embed(tokens[-1]))).token)
+                return tokens
+            finally:
+                await s.close()
+
+        return asyncio.run(go()), telemetry
+
+
+@pytest.fixture(scope="module")
+def expected() -> list[int]:
+    tokens, _ = Run([peer("whole", 0, N_LAYERS)]).generate()
+    return tokens
+
+
+def three_spans(**middle_fault) -> list[SpanPeer]:
+    """0:10, 10:20 (the faulty "m1", preferred by a lower RTT), 10:20 ("m2"), 20:30."""
+    return [
+        peer("a", 0, 10),
+        peer("m1", 10, 20, rtt_ms=0.5, **middle_fault),
+        peer("m2", 10, 20, rtt_ms=5.0),
+        peer("z", 20, 30),
+    ]
+
+
+def test_fault_free_chain_equals_the_whole_model(expected):
+    run = Run(three_spans())
+    tokens, t = run.generate()
+    assert tokens == expected
+    assert [h.peer_id for h in t.route] == ["a", "m1", "z"]
+    assert t.failovers == [] and run.swarm.open_sessions() == 0
+
+
+@pytest.mark.parametrize(
+    "fault, reason",
+    [("die", "unreachable"), ("freeze", "timeout"), ("leave", "shutting_down"), ("malformed", "malformed")],
+)
+def test_middle_hop_fails_mid_generation_and_the_text_is_unchanged(expected, fault, reason):
+    run = Run(three_spans(fault=fault, fault_after=8))  # 3 prefill chunks + 5 decode steps
+    tokens, t = run.generate()
+    assert tokens == expected
+    [f] = t.failovers
+    assert (f.peer_id, f.start, f.end, f.reason) == ("m1", 10, 20, reason)
+    assert f.replacements == ["m2"]
+    # m1 handled 3 prompt chunks and 5 decode steps: every one of those rows is replayed on m2
+    assert f.replayed_tokens == f.position == len(PROMPT) + 5
+    assert [h.peer_id for h in t.route] == ["a", "m2", "z"]
+    assert run.swarm.open_sessions() == 0
+
+
+def test_frozen_hop_is_detected_by_its_step_timeout_not_a_fixed_one(expected):
+    run = Run(three_spans(fault="freeze", fault_after=8))
+    _, t = run.generate()
+    [f] = t.failovers
+    # floor + slack * (1/200 steps/s + 0.5 ms rtt) = 3.0 + 8 * 0.0055 s, plus the replay's round trips
+    assert 3000.0 < f.stall_ms < 3100.0
+
+
+def test_replacement_may_be_several_peers(expected):
+    peers = [peer("a", 0, 10), peer("m1", 10, 20, fault="die", fault_after=8), peer("b", 10, 15)]
+    peers += [peer("c", 15, 20), peer("z", 20, 30)]
+    run = Run(peers)
+    tokens, t = run.generate()
+    assert tokens == expected
+    assert t.failovers[0].replacements == ["b", "c"]
+    assert [h.peer_id for h in t.route] == ["a", "b", "c", "z"]
+
+
+def test_last_hop_failure_is_replayed_too(expected):
+    peers = [peer("a", 0, 15), peer("z1", 15, 30, rtt_ms=0.5, fault="die", fault_after=6), peer("z2", 15, 30)]
+    run = Run(peers)
+    tokens, t = run.generate()
+    assert tokens == expected
+    assert [f.replacements for f in t.failovers] == [["z2"]]
+
+
+def test_replacement_that_fails_during_replay_is_replaced_again(expected):
+    peers = three_spans(fault="die", fault_after=8)
+    peers.insert(
+        2, peer("m0", 10, 20, rtt_ms=1.0, fault="die", fault_after=1)
+    )  # dies on its first replay chunk
+    run = Run(peers)
+    tokens, t = run.generate()
+    assert tokens == expected
+    assert [f.replacements for f in t.failovers] == [["m2"]]
+    assert t.retries == 1
+    assert run.swarm.open_sessions() == 0
+
+
+def test_no_replacement_raises_no_route_and_leaks_nothing():
+    peers = [peer("a", 0, 10), peer("m1", 10, 20, fault="die", fault_after=8), peer("z", 20, 30)]
+    run = Run(peers)
+    with pytest.raises(NoRoute, match=r"layers 10-19"):
+        run.generate()
+    assert run.swarm.open_sessions() == 0
+
+
+def test_failovers_per_generation_are_bounded():
+    peers = [peer("a", 0, 10), peer("z", 20, 30)]
+    peers += [peer(f"m{i}", 10, 20, rtt_ms=1.0 + i, fault="die", fault_after=4 + i) for i in range(6)]
+    run = Run(peers, FailoverPolicy(max_failovers=3, replay_chunk_tokens=4))
+    with pytest.raises(SwarmError, match="gave up after 3 failovers"):
+        run.generate()
+    assert run.swarm.open_sessions() == 0
+
+
+def test_busy_peer_at_open_is_retried_elsewhere_with_backoff(expected):
+    peers = three_spans(max_sessions=0, announced_sessions_free=1)  # a stale record: "1 free"
+    run = Run(peers)
+    tokens, t = run.generate()
+    assert tokens == expected and t.retries == 1
+    assert [h.peer_id for h in t.route] == ["a", "m2", "z"]
+    assert run.clock.now_s >= POLICY.backoff_base_s * 0.5  # the second attempt waited
+
+
+def test_exclusions_outlive_a_generation_then_expire(expected):
+    run = Run(three_spans(fault="freeze", fault_after=8))
+    run.generate()
+    run.swarm.by_id["m1"].thaw()  # it runs again, but the client stays away for a while
+    _, t = run.generate()
+    assert [h.peer_id for h in t.route] == ["a", "m2", "z"]
+    run.clock.now_s += POLICY.exclusion_s
+    tokens, t = run.generate()
+    assert [h.peer_id for h in t.route] == ["a", "m1", "z"] and tokens == expected
+
+
+def test_restarted_peer_is_used_again_at_once(expected):
+    run = Run(three_spans(fault="die", fault_after=8))
+    run.generate()
+    run.swarm.by_id["m1"].restart()  # same identity, new incarnation in its announcement
+    tokens, t = run.generate()
+    assert [h.peer_id for h in t.route] == ["a", "m1", "z"] and tokens == expected
+
+
+def test_excluded_peer_that_answers_a_fresh_probe_is_used_before_no_route(expected):
+    peers = [peer("a", 0, 10), peer("m1", 10, 20, fault="freeze", fault_after=8), peer("z", 20, 30)]
+    run = Run(peers)
+    with pytest.raises(NoRoute):
+        run.generate()
+    run.swarm.by_id["m1"].thaw()  # the only 10:20 peer, still excluded
+    tokens, t = run.generate()
+    assert [h.peer_id for h in t.route] == ["a", "m1", "z"] and tokens == expected
+
+
+def test_unreachable_peer_at_plan_time_is_left_out(expected):
+    peers = three_spans()
+    peers[1].state = "dead"  # its record lingers in the DHT
+    run = Run(peers)
+    tokens, t = run.generate()
+    assert [h.peer_id for h in t.route] == ["a", "m2", "z"] and tokens == expected
+    assert t.failovers == []
+
+
+def test_cancelled_step_then_close_releases_every_peer_session():
+    peers = three_spans()
+    run = Run(peers)
+    telemetry = GenerationTelemetry(backend="sim")
+
+    async def go() -> None:
+        s = run.session(telemetry)
+        await s.open()
+        x = np.concatenate([embed(t) for t in PROMPT])
+        peers[3].state = "hung"  # the last hop never answers: the caller gives up (Ctrl-C)
+        task = asyncio.ensure_future(s.step(x))
+        while peers[1].forwards == 0:  # until the step is past the middle hop
+            await asyncio.sleep(0)
+        peers[3].state = "up"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert run.swarm.open_sessions() > 0
+        await s.close()
+
+    asyncio.run(go())
+    assert run.swarm.open_sessions() == 0
+
+
+def test_a_peer_that_answered_garbage_is_not_forgiven_by_a_probe():
+    peers = [peer("a", 0, 10), peer("m1", 10, 20, fault="malformed", fault_after=8), peer("z", 20, 30)]
+    run = Run(peers)
+    with pytest.raises(NoRoute, match="1 excluded"):
+        run.generate()  # m1 is alive (it answers pings) but stays excluded: no route for 10:20
+    assert run.swarm.by_id["m1"].forwards == 9  # it was not tried again
