@@ -323,7 +323,9 @@ class RouteSession:
             # A probe proves only that a peer is alive again: it clears liveness failures, not a
             # peer that answered garbage or said it is busy.
             suspects = {
-                s.peer_id for s in spans if self._exclusions.reason(s.peer_id) in ("timeout", "unreachable")
+                p
+                for p in self._exclusions.active(self._now())
+                if self._exclusions.reason(p) in ("timeout", "unreachable")
             }
             if not suspects:
                 raise

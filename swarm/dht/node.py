@@ -86,7 +86,7 @@ class SwarmDHT:
         self._owner_marker = signer.local_public_key
         self.transport = transport
         self._maddrs = maddrs
-        self._last_expiration: dict[str, float] = {}  # model_id -> newest own announce/tombstone
+        self._last_expiration: dict[tuple[str, bytes], float] = {}  # (key, subkey) -> newest own record
 
     @classmethod
     async def start(
@@ -189,7 +189,13 @@ class SwarmDHT:
             the expiration (DHT time, s) actually stored.
         """
         key, subkey = announcements_key(model_id), ANNOUNCE_SUBKEY_TAG + self._owner_marker
-        expires_at = max(wanted_expiration, self._last_expiration.get(model_id, 0.0) + _EXPIRATION_STEP_S)
+        return await self._store_latest(key, subkey, wanted_expiration, make_value)
+
+    async def _store_latest(self, key: str, subkey: bytes, wanted_expiration: float, make_value) -> float:
+        """Store `make_value(expires_at)` under (key, subkey), outliving every earlier record there,
+        a previous run's included (see `_store_own_span`). Returns the expiration stored."""
+        memo = (key, subkey)
+        expires_at = max(wanted_expiration, self._last_expiration.get(memo, 0.0) + _EXPIRATION_STEP_S)
         try:
             await self._store(key, subkey, make_value(expires_at), expires_at)
         except DHTError:
@@ -200,7 +206,7 @@ class SwarmDHT:
                 raise
             expires_at = max(newer) + _EXPIRATION_STEP_S
             await self._store(key, subkey, make_value(expires_at), expires_at)
-        self._last_expiration[model_id] = expires_at
+        self._last_expiration[memo] = expires_at
         return expires_at
 
     async def get_announcements(self, model_id: str) -> list[Announcement]:
@@ -236,8 +242,10 @@ class SwarmDHT:
             raise ProtocolError(f"blob value must be bytes of at most {MAX_BLOB_BYTES} bytes")
         if not expiration_s > 0:
             raise ProtocolError(f"expiration_s must be > 0, got {expiration_s}")
-        await self._store(
-            key, BLOB_SUBKEY_TAG + name + self._owner_marker, value, get_dht_time() + expiration_s
+        # A restarted peer (same identity) may find its previous run's blob expiring later than the new
+        # one; hivemind keeps the later one, so write just after it.
+        await self._store_latest(
+            key, BLOB_SUBKEY_TAG + name + self._owner_marker, get_dht_time() + expiration_s, lambda _: value
         )
 
     async def get_blob(self, key: str) -> list[Blob]:

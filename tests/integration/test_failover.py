@@ -1,7 +1,7 @@
 """Generations that survive their peers: kill -9, SIGTERM and SIGSTOP of a routed middle peer.
 
 SmolLM2 on 127.0.0.1: spans 0:10, 10:20 (two peers), 20:30, refreshing their records every
-second. Each test breaks the middle peer a generation is routed through after a few tokens; the
+3 s (a frozen peer's DHT node makes a store wait ~3 s for it: a shorter period lets live records lapse). Each test breaks the middle peer a generation is routed through after a few tokens; the
 generation must complete with exactly the fault-free text (llama.cpp's whole model for greedy, a
 fault-free swarm run for seeded sampling), and afterwards no live peer may hold a session.
 """
@@ -36,7 +36,7 @@ class Swarm:
 
     def start(self, name: str, layers: str, *extra: str):
         join = extra or ("--initial-peers", self.join)
-        args = serve_args(self.model_path, layers, *join, "--announce-period", "1", "--max-sessions", "4")
+        args = serve_args(self.model_path, layers, *join, "--announce-period", "3", "--max-sessions", "4")
         self.by_name[name] = self.ps.start(name, *args)
         return self.by_name[name]
 
