@@ -1,14 +1,16 @@
 """Generations that survive their peers: kill -9, SIGTERM and SIGSTOP of a routed middle peer.
 
-SmolLM2 on 127.0.0.1: spans 0:10, 10:20 (two peers), 20:30, refreshing their records every
-3 s (a frozen peer's DHT node makes a store wait ~3 s for it: a shorter period lets live records lapse). Each test breaks the middle peer a generation is routed through after a few tokens; the
-generation must complete with exactly the fault-free text (llama.cpp's whole model for greedy, a
-fault-free swarm run for seeded sampling), and afterwards no live peer may hold a session.
+SmolLM2 on 127.0.0.1: spans 0:10, 10:20 (two peers), 20:30, refreshing their records every 3 s (a
+frozen peer's DHT node makes a store wait ~3 s for it: a shorter period lets live records lapse).
+Each test breaks the middle peer a generation is routed through after a few tokens; the generation
+must complete with exactly the fault-free text (llama.cpp's whole model for greedy, a fault-free
+swarm run for seeded sampling), and afterwards no live peer may hold a session.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import signal
 
 import pytest
@@ -163,3 +165,31 @@ def test_random_kills_over_twenty_generations_leak_no_session(swarm, smollm2_pat
                 got_text, want_text = client.generate(prompt, max_new_tokens=12).text, want[prompt]
             assert got_text == want_text, f"generation {i}"
     swarm.heal()  # every live peer is back to every session slot free
+
+
+def test_one_client_shared_by_interleaved_streams_and_threads(swarm, smollm2_path):
+    swarm.heal()
+    prompts = ["The capital of France is", "List three colors:"]
+    want = [oracle(smollm2_path, p, 12) for p in prompts]
+    with Client(str(swarm.model_path), initial_peers=[swarm.join]) as client:
+        streams = [client.stream(p, max_new_tokens=12) for p in prompts]
+        live = [iter(s) for s in streams]
+        while live:  # one delta from each in turn: both sessions are open on the peers at once
+            for it in list(live):
+                if next(it, None) is None:
+                    live.remove(it)
+        assert [s.result.text for s in streams] == want
+        got: dict[int, str] = {}
+        start = threading.Barrier(2)
+
+        def run(i: int) -> None:
+            start.wait()
+            got[i] = client.generate(prompts[i], max_new_tokens=12).text
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert [got.get(0), got.get(1)] == want
+    swarm.heal()  # every session slot is free again on every peer
