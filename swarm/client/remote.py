@@ -30,7 +30,7 @@ from swarm.client.generate import StepResult
 from swarm.client.session import RouteSession, SessionSpec
 from swarm.client.telemetry import GenerationTelemetry
 from swarm.client.tokenizer import Tokenizer
-from swarm.dht.node import SwarmDHT
+from swarm.dht.node import SwarmDHT, get_dht_time
 from swarm.dht.records import Announcement
 from swarm.errors import PeerTimeout, PeerUnreachable, SwarmError
 from swarm.ggml_bridge.embed import TokenEmbedder
@@ -171,9 +171,15 @@ class DHTDirectory:
         if fresh or time.monotonic() - self._read_at > SNAPSHOT_MAX_AGE_S:
             try:
                 async with asyncio.timeout(DHT_READ_TIMEOUT_S):
-                    self._announced = await self._dht.get_announcements(self._model_id)
+                    read = await self._dht.get_announcements(self._model_id)
             except TimeoutError:
                 raise SwarmError(f"the DHT did not answer within {DHT_READ_TIMEOUT_S:.0f} s") from None
+            # A read can miss live records (a frozen DHT node delays stores and answers): a record
+            # seen before stays until its own expiry; a dead peer in it fails to dial and is excluded.
+            now, ids = get_dht_time(), {a.peer_id for a in read}
+            self._announced = read + [
+                a for a in self._announced if a.peer_id not in ids and a.expires_at > now
+            ]
             self._read_at = time.monotonic()
         announced = self._announced
         self._addrs.update((a.peer_id, a.addrs) for a in announced)

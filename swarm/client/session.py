@@ -176,6 +176,7 @@ class RouteSession:
         self._now, self._sleep, self._rng = now, sleep, rng
         self._hops: list[_Hop] = []
         self._links: set[HopLink] = set()
+        self._closing: set[asyncio.Future] = set()
         self._step = 0
         self.pos = 0
         """Tokens every hop holds: the next step starts at this position."""
@@ -225,7 +226,8 @@ class RouteSession:
             hop.inputs.clear()
         self._hops = []
         links, self._links = list(self._links), set()
-        await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
+        closing = [link.close() for link in links] + list(self._closing)
+        await asyncio.gather(*closing, return_exceptions=True)
 
     # -- steps -------------------------------------------------------------------------------------
 
@@ -271,7 +273,11 @@ class RouteSession:
             ) from error
         reason = failure_reason(error)
         self._exclusions.add(hop.peer_id, reason, self._now(), hop.span.incarnation)
-        await self._drop(hop.link)
+        # Saying Close to a frozen peer can take its timeout: do it beside the failover, not before.
+        self._links.discard(hop.link)
+        closing = asyncio.ensure_future(hop.link.close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
         rows = np.concatenate(hop.inputs) if hop.inputs else None
         hop.inputs.clear()
         event = FailoverEvent(hop.peer_id, hop.span.start, hop.span.end, reason, str(error), self.pos)
@@ -287,11 +293,18 @@ class RouteSession:
 
     async def _open_stretch(self, start: int, end: int, rows: np.ndarray | None, fresh: bool) -> list[_Hop]:
         """Open hops chaining layers [start, end) and replay `rows` (positions 0..) through them.
-        `fresh`: plan the first attempt from a new DHT read (later attempts always read anew)."""
+        `fresh`: plan the first attempt from a new DHT read (later attempts always read anew). Up to
+        max_open_attempts plans, with backoff between them; the last NoRoute is raised as it is."""
         last_error: SwarmError | None = None
         for attempt in range(self.policy.max_open_attempts):
             await self._sleep(backoff_s(attempt, self.policy, self._rng))
-            hops, spans = await self._plan(start, end, fresh=fresh or attempt > 0)
+            try:
+                hops, spans = await self._plan(start, end, fresh=fresh or attempt > 0)
+            except NoRoute:
+                # A DHT read right after a peer froze or restarted can miss live records for a moment.
+                if attempt + 1 == self.policy.max_open_attempts:
+                    raise
+                continue
             opened: list[_Hop] = []
             try:
                 for h in hops:
@@ -313,13 +326,20 @@ class RouteSession:
     async def _plan(self, start: int, end: int, fresh: bool) -> tuple[tuple[Hop, ...], dict[str, PeerSpan]]:
         """Plan [start, end) around excluded peers. Before giving up: read the DHT anew (if the
         plan came from the directory's last read), then probe the peers excluded for not answering
-        (timeout, unreachable) afresh, once."""
+        (timeout, unreachable) afresh, once, and plan over every record either read showed (a DHT
+        slowed by a frozen node can let a live peer's record lapse for a moment)."""
         spans = await self._directory.peers(self._exclusions.active(self._now()), fresh)
         try:
             return self._plan_over(spans, start, end)
         except NoRoute:
+            seen = {s.peer_id: s for s in spans}
             if not fresh:
-                return await self._plan(start, end, fresh=True)
+                newer = await self._directory.peers(self._exclusions.active(self._now()), True)
+                seen.update((s.peer_id, s) for s in newer)
+                try:
+                    return self._plan_over(list(seen.values()), start, end)
+                except NoRoute:
+                    pass
             # A probe proves only that a peer is alive again: it clears liveness failures, not a
             # peer that answered garbage or said it is busy.
             suspects = {
@@ -328,10 +348,9 @@ class RouteSession:
                 if self._exclusions.reason(p) in ("timeout", "unreachable")
             }
             if not suspects:
-                raise
+                return self._plan_over(list(seen.values()), start, end)
             self._exclusions.forgive(await self._directory.probe(suspects))
-            spans = await self._directory.peers(self._exclusions.active(self._now()), fresh=False)
-            return self._plan_over(spans, start, end)
+            return self._plan_over(list(seen.values()), start, end)
 
     def _plan_over(
         self, spans: list[PeerSpan], start: int, end: int

@@ -50,7 +50,7 @@ class FailoverPolicy:
     step_timeout_floor_s: float = 3.0
     step_timeout_slack: float = 8.0
     open_timeout_s: float = 5.0
-    probe_timeout_s: float = 2.0
+    probe_timeout_s: float = 1.0
     replay_chunk_tokens: int = 256
 
 
