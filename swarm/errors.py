@@ -29,6 +29,10 @@ class Busy(SwarmError):
     """A peer cannot admit a new session now (KV-cache budget or session slots exhausted)."""
 
 
+class ShuttingDown(Busy):
+    """A peer is leaving the swarm (it said SHUTTING_DOWN): route around it."""
+
+
 class Forbidden(SwarmError):
     """A peer asked for something that belongs to another peer (e.g. another client's session)."""
 

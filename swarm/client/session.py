@@ -27,7 +27,15 @@ from typing import Protocol
 import numpy as np
 
 from swarm.client.telemetry import FailoverEvent, GenerationTelemetry, HopTelemetry
-from swarm.errors import Busy, NoRoute, PeerTimeout, PeerUnreachable, ProtocolError, SwarmError
+from swarm.errors import (
+    Busy,
+    NoRoute,
+    PeerTimeout,
+    PeerUnreachable,
+    ProtocolError,
+    ShuttingDown,
+    SwarmError,
+)
 from swarm.route.failover import Exclusions, FailoverPolicy, backoff_s, step_timeout_s
 from swarm.route.plan import Hop, PeerSpan, plan_route
 from swarm.sampling import SamplingParams
@@ -109,10 +117,6 @@ class _HopFailed(Exception):
     def __init__(self, span: PeerSpan, error: SwarmError):
         super().__init__(str(error))
         self.span, self.error = span, error
-
-
-class ShuttingDown(Busy):
-    """The peer is leaving the swarm (it said SHUTTING_DOWN)."""
 
 
 def failure_reason(error: SwarmError) -> str:
