@@ -86,9 +86,31 @@ def _parser() -> argparse.ArgumentParser:
         type=_layers,
         default=None,
         metavar="A:B",
-        help="global layers [A, B) to serve (default: the span the swarm covers least)",
+        help="global layers [A, B) to serve (default: the span that most raises the swarm's routable "
+        "throughput and fits --memory; re-evaluated every --rebalance-period)",
     )
-    s.add_argument("--max-layers", type=int, default=12, help="layer budget when --layers is not given")
+    s.add_argument(
+        "--memory",
+        type=_byte_size,
+        default=None,
+        metavar="SIZE",
+        help="memory for the span's weights and KV cache when --layers is not given, e.g. 2GiB "
+        "(default: half of the memory available now)",
+    )
+    s.add_argument(
+        "--max-layers",
+        type=_positive,
+        default=None,
+        help="cap on the span's length when --layers is not given",
+    )
+    s.add_argument(
+        "--rebalance-period",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="re-evaluate a chosen span this often and move (after draining) when the swarm gains "
+        ">= 20%% routable throughput; 0: never (default 600)",
+    )
     _add_peer_args(s)
     s.add_argument("--new-swarm", action="store_true", help="start a new swarm (no --initial-peers)")
     s.add_argument("--max-sessions", type=int, default=8)
@@ -120,7 +142,11 @@ def _parser() -> argparse.ArgumentParser:
     dm.add_argument("--json", action="store_true", help="print text and telemetry as one JSON object")
     dm.set_defaults(func=_demo)
 
-    st = sub.add_parser("status", help="peers serving a model, their spans, and layer coverage")
+    st = sub.add_parser(
+        "status",
+        help="peers serving a model, whether their spans chain into a route, dead ends; "
+        "exit status 3 when no complete route exists",
+    )
     st.add_argument("--model", default=DEFAULT_MODEL, help="NAME, PATH or MODEL_ID of the model")
     st.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR")
     st.add_argument("--json", action="store_true")
@@ -145,6 +171,23 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _byte_size(text: str) -> int:
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        return int(TypeAdapter(ByteSize).validate_python(text))
+    except ValidationError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512MiB or 4GB, got {text!r}") from None
+
+
+def _default_memory() -> int:
+    """Half of the memory available now (Linux), else 4 GiB."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
 
 
 def _layers(text: str) -> tuple[int, int]:
@@ -172,9 +215,11 @@ def _serve(args) -> None:
             max_sessions=args.max_sessions,
             cache_tokens=args.cache_tokens,
             n_threads=args.threads,
+            memory_bytes=args.memory if args.memory is not None else _default_memory(),
             max_layers=args.max_layers,
             announce_period_s=args.announce_period,
             public_name=args.public_name,
+            rebalance_period_s=args.rebalance_period,
         )
     )
 
@@ -229,7 +274,11 @@ def _demo(args) -> int:
     return 0
 
 
-def _status(args) -> None:
+NO_ROUTE_EXIT = 3
+"""`swarm status` exit status when no chain of spans joins the first layer to the last."""
+
+
+def _status(args) -> int:
     from swarm.client.status import swarm_status
 
     report = swarm_status(args.model, args.initial_peers)
@@ -237,6 +286,7 @@ def _status(args) -> None:
         print(json.dumps(report.to_dict()))
     else:
         report.print_table()
+    return 0 if report.chains.complete else NO_ROUTE_EXIT
 
 
 def _models_list(args) -> None:

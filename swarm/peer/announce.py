@@ -61,13 +61,22 @@ class Announcer:
             prefill_tokens_per_s=self._tp.prefill_tokens_per_s,
             free_cache_tokens=s.free_cache_tokens,
             max_sessions=s.max_sessions,
-            sessions_free=s.sessions_free,
+            sessions_free=0 if self._rt.drain.active else s.sessions_free,
             version=swarm.__version__,
             protocol=PROTOCOL_GENERATION,
             public_name=self._public_name,
             expires_at=0.0,
             started_at=self._started_at,
         )
+
+    @property
+    def throughput(self) -> Throughput:
+        """The speed announced now."""
+        return self._tp
+
+    @throughput.setter
+    def throughput(self, tp: Throughput) -> None:
+        self._tp = tp
 
     async def announce_once(self) -> None:
         """Publish now. Raises DHTError or ProtocolError when no node stores it."""

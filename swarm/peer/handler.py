@@ -29,6 +29,7 @@ from swarm.errors import Busy, ExecutorError, ProtocolError, RequestError, Swarm
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.sessions import SessionSlot, SessionTable
 from swarm.p2p import StreamSession
+from swarm.peer.rebalance import Drain
 from swarm.sampling import SamplingParams, sample
 from swarm.wire import (
     Close,
@@ -68,6 +69,7 @@ class SpanRuntime:
         idle_timeout_s: a stream that sends nothing for this long is closed and its session freed.
         shutting_down: set on SIGTERM; new sessions are refused with SHUTTING_DOWN.
         streams: live stream handlers, so shutdown can tell their clients.
+        drain: set while the peer drains to move its span; new sessions are refused with BUSY.
     """
 
     model_id: str
@@ -80,6 +82,7 @@ class SpanRuntime:
     idle_timeout_s: float = 600.0
     shutting_down: bool = False
     streams: set = field(default_factory=set)
+    drain: Drain = field(default_factory=Drain)
 
     async def run(self, fn, *args, n_tokens: int = 0):
         """Run a blocking executor call, one at a time: inline when it is short (at most
@@ -118,6 +121,7 @@ async def handle_stream(rt: SpanRuntime, stream: StreamSession) -> None:
         if slot is not None:
             seq_id = rt.sessions.release(slot.session_id)
             await rt.run(rt.executor.clear, seq_id)
+            rt.drain.session_ended(len(rt.sessions))
 
 
 async def _open(rt: SpanRuntime, stream: StreamSession) -> tuple[SessionSlot, SamplingParams] | None:
@@ -135,6 +139,9 @@ async def _open(rt: SpanRuntime, stream: StreamSession) -> tuple[SessionSlot, Sa
         return None
     if rt.shutting_down:
         await _send_error(stream, ErrorCode.SHUTTING_DOWN, "peer is shutting down")
+        return None
+    if rt.drain.active:
+        await _send_error(stream, ErrorCode.BUSY, rt.drain.active)
         return None
     if frame.model_id != rt.model_id or (frame.start, frame.end) != (rt.start, rt.end):
         await _send_error(

@@ -2,8 +2,12 @@
 
 Builds the parts in order and wires them together; the parts receive their collaborators:
 model file → manifest → DHT node → span choice → executor → throughput probe → session table →
-stream handler → announcer. On SIGINT/SIGTERM it withdraws the announcement, tells every open
-session's client, and stops.
+stream handler → announcer → rebalancer. On SIGINT/SIGTERM it withdraws the announcement, tells
+every open session's client, and stops.
+
+A peer started without `--layers` chooses its span with `swarm.route.placement.choose_span`, sized
+by the memory it gives, and re-evaluates it every `rebalance_period_s` (`swarm.peer.rebalance`);
+a peer given `--layers` keeps them, and warns at start when they cannot chain with the swarm's.
 """
 
 from __future__ import annotations
@@ -29,8 +33,12 @@ from swarm.kv.sessions import SessionTable
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model
 from swarm.peer.announce import Announcer, Throughput
+from swarm.kv.budget import SpanBudget, span_budget
 from swarm.peer.handler import SPAN_PROTOCOL, SpanRuntime, handle_stream
+from swarm.peer.rebalance import Rebalancer
+from swarm.route.chains import analyze_chains
 from swarm.route.placement import choose_span
+from swarm.route.plan import PeerSpan
 from swarm.route.snapshot import peer_spans
 from swarm.wire import Error, ErrorCode, encode_frame
 
@@ -54,9 +62,12 @@ class ServeConfig:
         max_sessions: concurrent sessions (llama.cpp sequences).
         cache_tokens: KV-cache tokens shared by all sessions.
         n_threads: llama.cpp compute threads.
-        max_layers: layer budget when `layers` is None.
+        memory_bytes: bytes for the span's weights and KV cache, which size the span when `layers`
+            is None (`swarm.kv.budget.SpanBudget`).
+        max_layers: an extra cap on the span's length when `layers` is None (None: memory decides).
         announce_period_s: seconds between announcement refreshes; records expire after 2.5 periods.
         public_name: optional display name in the announcement.
+        rebalance_period_s: seconds between re-evaluations of a chosen span (0: never move).
     """
 
     model: str
@@ -68,9 +79,11 @@ class ServeConfig:
     max_sessions: int = 8
     cache_tokens: int = 16384
     n_threads: int = 1
-    max_layers: int = 12
+    memory_bytes: int = 4 << 30
+    max_layers: int | None = None
     announce_period_s: float = 30.0
     public_name: str | None = None
+    rebalance_period_s: float = 600.0
 
 
 async def serve(
@@ -90,17 +103,7 @@ async def serve(
         for maddr in dht.visible_maddrs():
             print(maddr, flush=True)
         path, manifest, (start, end), publication = await _obtain_model(cfg, dht, artifacts, local_path)
-        logger.info("loading layers [%d, %d) of %s", start, end, manifest.model_id[:16])
-        executor = await asyncio.to_thread(
-            SpanExecutor.for_span,
-            path,
-            start,
-            end,
-            n_ctx_tokens=cfg.cache_tokens,
-            n_seq_max=cfg.max_sessions,
-            n_threads=cfg.n_threads,
-            model_id=manifest.model_id,
-        )
+        executor = await _load(cfg, path, manifest, start, end)
         rt = SpanRuntime(
             model_id=manifest.model_id,
             start=start,
@@ -126,11 +129,16 @@ async def serve(
         )
         if ready is not None:
             ready.set()
-        seeding = asyncio.create_task(publication.refresh_forever(dht))
+        tasks = [asyncio.create_task(publication.refresh_forever(dht))]
+        if cfg.layers is None and cfg.rebalance_period_s > 0:
+            mover = _Mover(cfg, dht, artifacts, path, manifest, rt, announcer)
+            tasks.append(asyncio.create_task(mover.rebalancer().run()))
         try:
             await _run_until_stopped(announcer, stop)
         finally:
-            seeding.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         await _shutdown(rt, announcer)
     finally:
         await asyncio.to_thread(artifacts.close)
@@ -147,28 +155,151 @@ async def _obtain_model(cfg: ServeConfig, dht: SwarmDHT, artifacts: ArtifactSess
     """
     if local_path is not None:
         manifest = build_manifest(local_path)
-        span = cfg.layers or await _choose_layers(dht, manifest, cfg.max_layers)
-        _check_span(manifest, *span)
+        span = await _choose_layers(cfg, dht, manifest)
         return local_path, manifest, span, await publish(dht, artifacts, local_path, manifest)
     manifest = await find_manifest(dht, cfg.model)
-    span = cfg.layers or await _choose_layers(dht, manifest, cfg.max_layers)
-    _check_span(manifest, *span)
-    dest = resolve_data_dir(cfg.data_dir) / "artifacts" / f"{cfg.model}.gguf"
-    path, manifest, publication = await acquire(
-        dht, artifacts, cfg.model, dest, lambda m: span_ranges(m, *span)
-    )
-    await publication.store(dht)
+    span = await _choose_layers(cfg, dht, manifest)
+    path, publication = await _fetch_span(cfg, dht, artifacts, *span)
     return path, manifest, span, publication
 
 
-async def _choose_layers(dht: SwarmDHT, manifest: Manifest, max_layers: int) -> tuple[int, int]:
-    announced = await dht.get_announcements(manifest.model_id)
-    return choose_span(peer_spans(announced), manifest.n_layers, max_layers)
+async def _fetch_span(cfg: ServeConfig, dht: SwarmDHT, artifacts: ArtifactSession, start: int, end: int):
+    """Fetch (or complete) the sparse file of a model_id with the bytes of [start, end); seed them."""
+    dest = resolve_data_dir(cfg.data_dir) / "artifacts" / f"{cfg.model}.gguf"
+    path, _, publication = await acquire(
+        dht, artifacts, cfg.model, dest, lambda m: span_ranges(m, start, end)
+    )
+    await publication.store(dht)
+    return path, publication
+
+
+def _budget(cfg: ServeConfig, manifest: Manifest) -> SpanBudget:
+    return span_budget(manifest, cfg.memory_bytes, cfg.cache_tokens, cfg.max_layers)
+
+
+async def _choose_layers(cfg: ServeConfig, dht: SwarmDHT, manifest: Manifest) -> tuple[int, int]:
+    """`cfg.layers` (with a warning when they cannot chain), or the placement's choice."""
+    announced = peer_spans(await dht.get_announcements(manifest.model_id))
+    if cfg.layers is not None:
+        start, end = cfg.layers
+        _check_span(manifest, start, end)
+        for line in chain_warnings(announced, manifest.n_layers, start, end):
+            logger.warning("%s", line)
+            print(f"swarm: warning: {line}", file=sys.stderr, flush=True)
+        return start, end
+    placement = choose_span(announced, _budget(cfg, manifest))
+    logger.info(
+        "placement: layers %d:%d (%s; routable %.1f -> %.1f tokens/s)",
+        placement.start,
+        placement.end,
+        placement.reason,
+        placement.routable_before,
+        placement.routable_after,
+    )
+    return placement.start, placement.end
+
+
+def chain_warnings(announced: list[PeerSpan], n_layers: int, start: int, end: int) -> list[str]:
+    """Why a span [start, end) would be on no complete chain of the announced spans (empty: it is)."""
+    me = PeerSpan("(this peer)", start, end, 1.0, 1.0, 1, 1)
+    chains = analyze_chains([*announced, me], n_layers)
+    if chains.on_complete_chain(start, end):
+        return []
+    ends = sorted({p.end for p in announced if p.end < n_layers})
+    starts = sorted({p.start for p in announced if p.start > 0})
+    lines = []
+    if start not in chains.reachable:
+        lines.append(
+            f"layers {start}:{end} cannot chain: no chain of announced spans from layer 0 ends at {start} "
+            f"(announced spans end at {ends or 'none'})"
+        )
+    if end not in chains.finishing:
+        lines.append(
+            f"layers {start}:{end} cannot chain: no chain of announced spans leads from {end} to layer "
+            f"{n_layers} (announced spans start at {starts or 'none'})"
+        )
+    lines.append("clients cannot route through this peer until other peers fill the gap")
+    return lines
 
 
 def _check_span(manifest: Manifest, start: int, end: int) -> None:
     if not 0 <= start < end <= manifest.n_layers:
         raise SwarmError(f"layers {start}:{end} are outside the model's 0:{manifest.n_layers}")
+
+
+async def _load(cfg: ServeConfig, path: Path, manifest: Manifest, start: int, end: int) -> SpanExecutor:
+    logger.info("loading layers [%d, %d) of %s", start, end, manifest.model_id[:16])
+    return await asyncio.to_thread(
+        SpanExecutor.for_span,
+        path,
+        start,
+        end,
+        n_ctx_tokens=cfg.cache_tokens,
+        n_seq_max=cfg.max_sessions,
+        n_threads=cfg.n_threads,
+        model_id=manifest.model_id,
+    )
+
+
+@dataclass
+class _Mover:
+    """Moves a drained peer to a new span: fetch its bytes, swap the executor, re-measure, announce."""
+
+    cfg: ServeConfig
+    dht: SwarmDHT
+    artifacts: ArtifactSession
+    path: Path
+    manifest: Manifest
+    rt: SpanRuntime
+    announcer: Announcer
+
+    def rebalancer(self) -> Rebalancer:
+        async def announcements() -> list[PeerSpan]:
+            return peer_spans(await self.dht.get_announcements(self.manifest.model_id))
+
+        def me() -> PeerSpan:
+            tp = self.announcer.throughput
+            s = self.rt.sessions
+            return PeerSpan(
+                self.dht.peer_id, self.rt.start, self.rt.end, tp.decode_steps_per_s,
+                tp.prefill_tokens_per_s, s.free_cache_tokens, s.sessions_free,
+            )
+
+        return Rebalancer(
+            peer_id=self.dht.peer_id,
+            budget=_budget(self.cfg, self.manifest),
+            period_s=self.cfg.rebalance_period_s,
+            announcements=announcements,
+            me=me,
+            sessions=lambda: len(self.rt.sessions),
+            move=self.move,
+            drain=self.rt.drain,
+        )
+
+    async def move(self, start: int, end: int) -> None:
+        """Serve [start, end) instead of the current span (the caller drained every session).
+
+        The old executor is closed first, so that the peer never holds two spans beyond its memory
+        budget; if the new span cannot be loaded, the old one is loaded back.
+
+        Raises:
+            SwarmError: the new span's bytes could not be fetched or loaded (the old span serves on).
+        """
+        old = (self.rt.start, self.rt.end)
+        path = self.path
+        if is_model_id(self.cfg.model):
+            path, _ = await _fetch_span(self.cfg, self.dht, self.artifacts, start, end)
+        async with self.rt.lock:
+            self.rt.executor.close()
+            try:
+                executor = await _load(self.cfg, path, self.manifest, start, end)
+            except SwarmError:
+                self.rt.executor = await _load(self.cfg, path, self.manifest, *old)
+                raise
+            self.rt.executor, self.rt.start, self.rt.end = executor, start, end
+        self.announcer.throughput = await self.rt.run(measure_throughput, executor, n_tokens=64)
+        await self.announcer.announce_once()
+        print(f"moved from layers {old[0]}:{old[1]} to {start}:{end}", file=sys.stderr, flush=True)
 
 
 def measure_throughput(executor: SpanExecutor, prefill_tokens: int = 64, decode_steps: int = 8) -> Throughput:
