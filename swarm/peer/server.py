@@ -36,7 +36,6 @@ from swarm.peer.announce import Announcer, Throughput
 from swarm.kv.budget import SpanBudget, span_budget
 from swarm.peer.handler import SPAN_PROTOCOL, SpanRuntime, handle_stream
 from swarm.peer.rebalance import Rebalancer
-from swarm.route.chains import analyze_chains
 from swarm.route.placement import choose_span
 from swarm.route.plan import PeerSpan
 from swarm.route.snapshot import peer_spans
@@ -200,25 +199,29 @@ async def _choose_layers(cfg: ServeConfig, dht: SwarmDHT, manifest: Manifest) ->
 
 
 def chain_warnings(announced: list[PeerSpan], n_layers: int, start: int, end: int) -> list[str]:
-    """Why a span [start, end) would be on no complete chain of the announced spans (empty: it is)."""
-    me = PeerSpan("(this peer)", start, end, 1.0, 1.0, 1, 1)
-    chains = analyze_chains([*announced, me], n_layers)
-    if chains.on_complete_chain(start, end):
-        return []
-    ends = sorted({p.end for p in announced if p.end < n_layers})
-    starts = sorted({p.start for p in announced if p.start > 0})
+    """Why [start, end) cannot chain with the announced spans: boundaries they cross but never meet.
+
+    A boundary is a problem when an announced span crosses it (serves the layers on both sides) and
+    no announced span ends there (for `start`) or starts there (for `end`): the layers around it are
+    served, but never as a chain through this span. A boundary nobody serves around yet (a swarm
+    being built span by span) is not warned about; `swarm status` shows the whole picture.
+    """
     lines = []
-    if start not in chains.reachable:
-        lines.append(
-            f"layers {start}:{end} cannot chain: no chain of announced spans from layer 0 ends at {start} "
-            f"(announced spans end at {ends or 'none'})"
-        )
-    if end not in chains.finishing:
-        lines.append(
-            f"layers {start}:{end} cannot chain: no chain of announced spans leads from {end} to layer "
-            f"{n_layers} (announced spans start at {starts or 'none'})"
-        )
-    lines.append("clients cannot route through this peer until other peers fill the gap")
+    for b, meets, side in (
+        (start, {p.end for p in announced}, "ends"),
+        (end, {p.start for p in announced}, "starts"),
+    ):
+        if not 0 < b < n_layers or b in meets:
+            continue
+        crossing = sorted(f"{p.start}:{p.end}" for p in announced if p.start < b < p.end)
+        if crossing:
+            lines.append(
+                f"layers {start}:{end} cannot chain: {', '.join(crossing[:3])} "
+                f"{'crosses' if len(crossing) == 1 else 'cross'} layer {b} and no "
+                f"announced span {side} there"
+            )
+    if lines:
+        lines.append("clients cannot route through this peer until a span fills the gap (see `swarm status`)")
     return lines
 
 
@@ -261,8 +264,13 @@ class _Mover:
             tp = self.announcer.throughput
             s = self.rt.sessions
             return PeerSpan(
-                self.dht.peer_id, self.rt.start, self.rt.end, tp.decode_steps_per_s,
-                tp.prefill_tokens_per_s, s.free_cache_tokens, s.sessions_free,
+                self.dht.peer_id,
+                self.rt.start,
+                self.rt.end,
+                tp.decode_steps_per_s,
+                tp.prefill_tokens_per_s,
+                s.free_cache_tokens,
+                s.sessions_free,
             )
 
         return Rebalancer(
