@@ -76,7 +76,7 @@ def test_qwen_in_two_spans(qwen_path, peers):
     assert [(h.start, h.end) for h in got.telemetry.route] == [(0, 12), (12, 24)]
 
 
-def test_serve_without_layers_takes_the_least_covered_span(smollm2_path, peers):
+def test_serve_without_layers_extends_the_chain_then_completes_it(smollm2_path, peers):
     first = peers.start("f0", *serve_args(smollm2_path, "0:10", "--new-swarm"))
     second = peers.start(
         "f1",
@@ -148,6 +148,9 @@ def test_status_lists_the_spans_and_coverage(smol_swarm, smollm2_path):
     report = json.loads(proc.stdout)
     assert report["model_id"] == build_manifest(smollm2_path).model_id
     assert report["covered"] is True and report["missing"] == []
+    assert report["route_exists"] is True and report["dead_ends"] == []
+    assert [h[1:] for h in report["best_route"]["hops"]] == [[0, 10], [10, 20], [20, 30]]
+    assert report["routable_tokens_per_s"] > 0 and report["best_route"]["tokens_per_s"] > 0
     spans = sorted((p["start"], p["end"], p["peer_id"]) for p in report["peers"])
     assert spans == [
         (0, 10, smol_swarm.started[0].peer_id),
