@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable, TypeVar
 
 import llama_cpp
 import pytest
@@ -30,15 +31,37 @@ __all__ = [
 
 REPLY_S = 30.0
 DEADLINE_S = 30.0
+T = TypeVar("T")
 
 
-def wait_for(cond, what: str, deadline_s: float = DEADLINE_S) -> float:
-    """Poll `cond()` until true; return the seconds it took. Fails the test past the deadline."""
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < deadline_s, f"{what}: not within {deadline_s} s"
-        time.sleep(0.2)
-    return time.monotonic() - t0
+def wait_for(
+    probe: Callable[[], T], what: str, deadline_s: float = DEADLINE_S, *, until: Callable[[T], object] = bool
+) -> T:
+    """Poll `probe()` until `until(value)` holds and return that value (libtorrent's `loop_until_timeout`).
+
+    This waits for a condition; it does not time anything. The deadline is generous, only there so a
+    condition that never comes fails the test instead of hanging it.
+
+    Args:
+        probe: reads the observed state (a DHT read, a process's log, ...).
+        what: the awaited condition, for the failure message.
+        deadline_s: give up after this many seconds.
+        until: the condition on the probe's value; by default the value itself is truthy.
+    Returns:
+        the first value that satisfied `until`.
+    Raises:
+        pytest.fail.Exception: past the deadline; the message names `what` and the last value observed.
+    """
+    deadline = time.monotonic() + deadline_s
+    interval_s = 0.02
+    while True:
+        value = probe()
+        if until(value):
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {deadline_s:.0f} s; last observed: {value!r:.2000}")
+        time.sleep(interval_s)  # the poll interval of this wait, not a synchronisation
+        interval_s = min(2 * interval_s, 0.5)
 
 
 def oracle(path, prompt: str, n: int) -> str:

@@ -9,7 +9,6 @@ import logging
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import libtorrent as lt
@@ -274,22 +273,23 @@ def test_interrupted_fetch_resumes_without_refetching(seeder, torrent, manifest,
         assert _sha(dest, t.offset, t.nbytes) == t.sha256, t.name
 
 
-def test_no_seeders_fails_within_the_stall_timeout(torrent, manifest, tmp_path):
+def test_no_seeders_fails_by_the_stall_timeout(torrent, manifest, tmp_path):
     ranges = span_byte_ranges(manifest, *SPAN, need_embd=False, need_head=False)
+    # the stall timeout (1.5 s, printed rounded) ends the fetch, not the whole call's timeout_s
+    stalled = r"no seeder sent data for 2 s \(0 connected, 0 of \d+ bytes\)"
     with ArtifactSession() as ses:
         for peers in ([], [("127.0.0.1", _free_port())]):
-            t0 = time.monotonic()
-            with pytest.raises(ArtifactError, match="no seeder sent data"):
+            with pytest.raises(ArtifactError, match=stalled):
                 ses.fetch(
                     torrent.data,
                     manifest,
                     tmp_path / "n.gguf",
                     ranges,
                     peers,
+                    timeout_s=600,
                     stall_timeout_s=1.5,
                     progress=False,
                 )
-            assert time.monotonic() - t0 < 6
         with pytest.raises(ArtifactError, match="bad peer address"):
             ses.fetch(torrent.data, manifest, tmp_path / "n.gguf", ranges, [("not-an-ip", 1)], progress=False)
     assert not (tmp_path / "n.gguf").exists()

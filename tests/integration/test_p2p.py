@@ -1,17 +1,16 @@
-"""Framed persistent streams between real peers (hivemind p2pd on 127.0.0.1): echo latency, concurrent
-clients, authenticated remote peer id, oversized frames, close and death of the other side, ping."""
+"""Framed persistent streams between real peers (hivemind p2pd on 127.0.0.1): 1000 frames echoed intact
+and in order, concurrent clients, authenticated remote peer id, oversized frames, close and death of the
+other side, ping. Nothing here is timed: scripts/bench_p2p.py measures the round trip."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import statistics
-import time
+import math
 
 import pytest
 
 from swarm.dht.node import SwarmDHT
-from swarm.errors import ProtocolError
+from swarm.errors import PeerTimeout, ProtocolError
 from swarm.p2p import PeerUnreachable, StreamClosed, StreamSession
 
 ECHO = "/test/echo/1"
@@ -82,36 +81,24 @@ def peers(loop, tmp_path_factory):
         loop.run_until_complete(node.shutdown())
 
 
-def test_echo_1000_round_trips_latency(loop, peers):
+def test_1000_frames_echo_intact_and_in_order_on_one_stream(loop, peers):
     server, c1, _ = peers
 
-    async def run() -> list[float]:
-        times_ms = []
+    def frame(i: int) -> bytes:
+        return i.to_bytes(4, "little") * (FRAME_BYTES // 4)
+
+    async def run() -> list[bytes]:
+        replies = []
         async with await c1.transport.open_stream(
             server.node.peer_id, server.node.visible_maddrs(), ECHO
         ) as stream:
             for i in range(1000):
-                frame = i.to_bytes(4, "little") * (FRAME_BYTES // 4)
-                t0 = time.perf_counter()
-                await stream.send(frame)
-                reply = await stream.recv(timeout_s=10)
-                times_ms.append((time.perf_counter() - t0) * 1000)
-                assert reply == frame
-        return times_ms
+                await stream.send(frame(i))
+                replies.append(await stream.recv(timeout_s=10))
+        return replies
 
-    times_ms = sorted(loop.run_until_complete(run()))
-    p50, p90 = statistics.median(times_ms), times_ms[int(0.9 * len(times_ms))]
-    print(
-        json.dumps(
-            {
-                "echo_frame_bytes": FRAME_BYTES,
-                "round_trips": 1000,
-                "p50_ms": round(p50, 3),
-                "p90_ms": round(p90, 3),
-            }
-        )
-    )
-    assert p50 < 20.0  # loopback; NOTES measured ~0.1 ms
+    replies = loop.run_until_complete(run())
+    assert [i for i, r in enumerate(replies) if r != frame(i)] == []
 
 
 def test_two_clients_concurrently_and_remote_peer_id(loop, peers):
@@ -178,17 +165,15 @@ def test_client_close_ends_the_handler(loop, peers):
         assert await stream.recv(timeout_s=10) == b"hello"
         assert not server.exited.is_set()
         await stream.close()
-        await asyncio.wait_for(server.exited.wait(), timeout=10)
+        await asyncio.wait_for(server.exited.wait(), timeout=30)  # the handler saw StreamClosed
 
     loop.run_until_complete(run())
-    assert server.exited.is_set()
 
 
 def test_ping_and_unreachable_errors(loop, peers):
     server, c1, _ = peers
     rtt_ms = loop.run_until_complete(c1.transport.ping(server.node.peer_id, server.node.visible_maddrs()))
-    print(json.dumps({"ping_ms": round(rtt_ms, 3)}))
-    assert 0.0 < rtt_ms < 1000.0
+    assert math.isfinite(rtt_ms) and rtt_ms > 0.0  # a measured round trip in ms
     with pytest.raises(PeerUnreachable):
         loop.run_until_complete(c1.transport.open_stream(server.node.peer_id, (), "/test/not-served/1"))
     with pytest.raises(ProtocolError):
@@ -212,13 +197,13 @@ def test_peer_dying_mid_stream_is_a_clear_error(loop, tmp_path):
             await doomed.transport.serve(ECHO, silent)
             stream = await client.transport.open_stream(doomed.peer_id, doomed.visible_maddrs(), ECHO)
             await stream.send(b"are you there")
-            waiting = asyncio.create_task(stream.recv(timeout_s=30))
-            await asyncio.wait_for(got_frame.wait(), timeout=10)
+            waiting = asyncio.create_task(stream.recv(timeout_s=60))
+            await asyncio.wait_for(got_frame.wait(), timeout=30)
             await doomed.shutdown()
-            t0 = time.monotonic()
-            with pytest.raises(PeerUnreachable):
+            with pytest.raises(PeerUnreachable) as err:
                 await waiting
-            assert time.monotonic() - t0 < 15
+            # the read ended because the stream died, not because its own 60 s timeout ran out
+            assert not isinstance(err.value, PeerTimeout), err.value
             with pytest.raises(PeerUnreachable):
                 await client.transport.open_stream(doomed.peer_id, doomed.visible_maddrs(), ECHO)
         finally:
