@@ -14,6 +14,7 @@ Packages and modules (see docs/architecture.md for the data flow):
     localswarm.py a swarm of real peer processes on this machine (demo, tests, benchmarks)
     reference.py  PyTorch reference of llama-style blocks, for validating architectures
     p2p.py        framed persistent libp2p streams over hivemind's p2pd
+    netaddr.py    listen and advertised addresses: IPv4/IPv6 literals, multiaddrs, libtorrent strings
     errors.py     exception types; limits.py product-wide limits
     sampling.py   logits → token, seeded per position
     wire.py       stream frames of the peer protocol

@@ -6,12 +6,14 @@ Every `SwarmError` becomes one line on stderr and exit status 1; argument errors
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
 
 from swarm.errors import SwarmError
 from swarm.models import DEFAULT_MODEL, KNOWN_MODELS
+from swarm.netaddr import NetConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     # Read by libgomp when it loads, so set before any command imports llama.cpp: spinning OpenMP
     # threads of one peer starve co-located peers' compute (shared NOTES: 0.47x vs 0.81-0.87x).
     os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        # A path that is not UTF-8 (argv decodes its bytes to surrogates) prints back as its bytes.
+        sys.stdout.reconfigure(errors="surrogateescape")
     parser = _parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
@@ -111,13 +116,26 @@ def _parser() -> argparse.ArgumentParser:
         help="re-evaluate a chosen span this often and move (after draining) when the swarm gains "
         ">= 20%% routable throughput; 0: never (default 600)",
     )
-    _add_peer_args(s)
+    _add_peer_args(s, bittorrent=True)
     s.add_argument("--new-swarm", action="store_true", help="start a new swarm (no --initial-peers)")
     s.add_argument("--max-sessions", type=int, default=8)
     s.add_argument("--cache-tokens", type=int, default=16384, help="KV-cache tokens shared by all sessions")
     s.add_argument("--threads", type=int, default=1, help="llama.cpp compute threads")
     s.add_argument("--announce-period", type=float, default=30.0, help="seconds between DHT refreshes")
     s.add_argument("--public-name", default=None)
+    s.add_argument(
+        "--prefix-cache-bytes",
+        type=int,
+        default=256 << 20,
+        help="memory for prefix KV snapshots, reused by sessions that share a prompt prefix (0: none)",
+    )
+    s.add_argument(
+        "--prefix-disk-bytes",
+        type=int,
+        default=0,
+        help="disk for prefix snapshots evicted from memory, under the data dir (default 0: none)",
+    )
+    s.add_argument("--debug-tamper-snapshots", default=None, help=argparse.SUPPRESS)
     s.set_defaults(func=_serve)
 
     d = sub.add_parser("dht", help="run a DHT-only peer and print the multiaddrs others join with")
@@ -128,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
         "publish", help="seed a model file to the swarm and publish its manifest (foreground)"
     )
     pb.add_argument("model", metavar="NAME|PATH")
-    _add_peer_args(pb)
+    _add_peer_args(pb, bittorrent=True)
     pb.add_argument("--new-swarm", action="store_true", help="start a new swarm (no --initial-peers)")
     pb.set_defaults(func=_publish)
 
@@ -154,13 +172,38 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_peer_args(p: argparse.ArgumentParser) -> None:
+def _add_peer_args(p: argparse.ArgumentParser, bittorrent: bool = False) -> None:
     p.add_argument(
         "--initial-peers", nargs="*", default=[], metavar="MADDR", help="peers to join the DHT through"
     )
-    p.add_argument("--host", default="127.0.0.1", help="listen address")
-    p.add_argument("--port", type=int, default=0, help="listen port (0: any free port)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="listen address, an IPv4 or IPv6 literal (default 127.0.0.1); 0.0.0.0 or :: listens on "
+        "every interface and advertises each interface address",
+    )
+    p.add_argument("--port", type=int, default=0, help="libp2p listen port (0: any free port)")
+    if bittorrent:
+        p.add_argument(
+            "--bt-port",
+            type=int,
+            default=0,
+            help="BitTorrent listen port for model bytes (0: any free port, the same on every interface)",
+        )
+    p.add_argument(
+        "--public-address",
+        default=None,
+        metavar="IP",
+        help="advertise only this address (e.g. a NAT's public IP forwarding --port"
+        + (" and --bt-port" if bittorrent else "")
+        + " here); needs a fixed --port",
+    )
     p.add_argument("--data-dir", default=None, help="peer identity directory (default $SWARM_HOME)")
+
+
+def _net(args) -> NetConfig:
+    bt_port = getattr(args, "bt_port", 0)
+    return NetConfig(host=args.host, port=args.port, bt_port=bt_port, public_address=args.public_address)
 
 
 def _positive(text: str) -> int:
@@ -211,6 +254,8 @@ def _serve(args) -> None:
             initial_peers=tuple(args.initial_peers),
             host=args.host,
             port=args.port,
+            bt_port=args.bt_port,
+            public_address=args.public_address,
             data_dir=args.data_dir,
             max_sessions=args.max_sessions,
             cache_tokens=args.cache_tokens,
@@ -220,6 +265,9 @@ def _serve(args) -> None:
             announce_period_s=args.announce_period,
             public_name=args.public_name,
             rebalance_period_s=args.rebalance_period,
+            prefix_cache_bytes=args.prefix_cache_bytes,
+            prefix_disk_bytes=args.prefix_disk_bytes,
+            debug_tamper_snapshots=args.debug_tamper_snapshots,
         )
     )
 
@@ -233,13 +281,13 @@ def _publish(args) -> None:
     from swarm.artifacts.publisher import run_publisher
 
     _check_swarm_choice(args)
-    run_publisher(args.model, args.initial_peers, args.host, args.port, args.data_dir)
+    run_publisher(args.model, args.initial_peers, _net(args), args.data_dir)
 
 
 def _dht(args) -> None:
     from swarm.dht.node import run_dht_only
 
-    run_dht_only(args.initial_peers, args.host, args.port, args.data_dir)
+    run_dht_only(args.initial_peers, args.host, args.port, args.data_dir, args.public_address)
 
 
 def _demo(args) -> int:
@@ -326,8 +374,10 @@ def _models_info(args) -> None:
 
 def _chat(args) -> int:
     from swarm.client.api import Client
+    from swarm.errors import RequestError
+    from swarm.limits import MAX_CONTEXT_TOKENS
+    from swarm.sampling import SamplingParams
 
-    client = Client(args.model, local=args.local, initial_peers=args.initial_peers, n_threads=args.threads)
     sampling = dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -335,6 +385,18 @@ def _chat(args) -> int:
         top_k=args.top_k,
         seed=args.seed,
     )
+    # Bad values fail here, before a model loads or a DHT node starts; the engine checks them again.
+    SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    if args.max_new_tokens < 1:
+        raise RequestError(f"max_new_tokens must be >= 1 (got {args.max_new_tokens})")
+    if args.max_new_tokens >= MAX_CONTEXT_TOKENS:
+        raise RequestError(
+            f"max_new_tokens ({args.max_new_tokens}) exceeds the product's hard cap of "
+            f"{MAX_CONTEXT_TOKENS} tokens per session (prompt included)"
+        )
+    if args.prompt is not None:
+        _check_prompt(args.prompt)
+    client = Client(args.model, local=args.local, initial_peers=args.initial_peers, n_threads=args.threads)
     try:
         if args.prompt is not None:
             return _one_shot(client, args, sampling)
@@ -343,11 +405,16 @@ def _chat(args) -> int:
         client.close()
 
 
-def _one_shot(client, args, sampling: dict) -> int:
-    if not args.prompt.strip():
-        from swarm.errors import RequestError
+def _check_prompt(prompt: str) -> None:
+    """Refuse an empty prompt, or one with bytes that were not UTF-8 (argv decodes them to surrogates)."""
+    from swarm.client.text import check_utf8
+    from swarm.errors import RequestError
 
+    if not check_utf8(prompt, "--prompt").strip():
         raise RequestError("empty prompt")
+
+
+def _one_shot(client, args, sampling: dict) -> int:
     if args.raw:
         stream = client.stream(args.prompt, **sampling)
     else:
@@ -380,6 +447,10 @@ def _repl(client, sampling: dict) -> int:
         "swarm chat: type a message; /stats shows the last telemetry, /reset clears history, /quit exits.",
         file=sys.stderr,
     )
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        # A line that is not UTF-8 then reaches the tokenizer's check (one error line, the REPL goes
+        # on) instead of raising UnicodeDecodeError out of input().
+        sys.stdin.reconfigure(errors="surrogateescape")
     history: list[dict] = []
     last = None
     prompt_interrupts = 0  # consecutive Ctrl-C at the prompt

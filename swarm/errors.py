@@ -63,3 +63,8 @@ class NoRoute(SwarmError):
 
 class ArtifactError(SwarmError):
     """Fetching, verifying or seeding model bytes failed (bad hash, no seeders, disk full)."""
+
+
+class AddressError(SwarmError):
+    """A listen or advertised address cannot work: not an IP literal, a port out of range, a public
+    address without a fixed port (see `swarm.netaddr`)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swarm.errors import SwarmError
+from swarm.netaddr import is_ip_maddr
 
 READY_S = 180.0
 """How long a peer may take to load its span, measure itself and announce."""
@@ -82,7 +83,7 @@ def start_peer(
     peer = PeerProcess(proc, home)
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
-        maddrs = [ln for ln in (home / "stdout.log").read_text().splitlines() if ln.startswith("/ip4/")]
+        maddrs = [ln for ln in (home / "stdout.log").read_text().splitlines() if is_ip_maddr(ln)]
         ready = ready_marker in peer.stderr_text() if ready_marker else bool(maddrs)
         if maddrs and ready:
             peer.maddrs = maddrs

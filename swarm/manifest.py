@@ -20,19 +20,30 @@ import json
 import math
 import os
 import re
+import struct
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gguf import GGUFReader, GGUFValueType
 
 from swarm.errors import ModelError, ProtocolError
+from swarm.ggml_bridge.gguf_header import scan
 from swarm.models import cache_dir, check_gguf
+from swarm.wire import MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB
 
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 16 << 20
 """Bound on a manifest received from a peer (SmolLM2's is ~60 KB; 10,000 tensors fit easily)."""
+MAX_FILE_BYTES = 1 << 50
+"""Largest model file a manifest may describe (1 PiB)."""
+MAX_TENSOR_DIMS = 4
+"""ggml's GGML_MAX_DIMS."""
+MAX_TENSOR_NAME_CHARS = 256
+MAX_ARCH_CHARS = 64
 
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 _TOKENIZER_PREFIX = "tokenizer."
 # Arrays this long are tokenizer tables or similar: covered by a digest, not copied into hparams.
 _MAX_HPARAM_ARRAY = 4096
@@ -104,22 +115,32 @@ class Manifest:
     def from_bytes(cls, data: bytes, expected_model_id: str | None = None) -> "Manifest":
         """Parse a manifest received from anywhere, checking it hashes to `expected_model_id`.
 
+        Bounds: input at most MAX_MANIFEST_BYTES; work and memory linear in its size (JSON
+        nesting is bounded by Python's recursion limit, and deeper input is refused).
+
         Raises:
-            ProtocolError: oversized, not canonical JSON of this version, bad fields, or a hash
-                that does not match `expected_model_id`.
+            ProtocolError: not bytes, oversized, not canonical JSON of this version (NaN and
+                Infinity are not JSON), a field of the wrong type or out of the bounds of
+                `check_manifest`, or a hash that does not match `expected_model_id`.
         """
+        if not isinstance(data, bytes):
+            raise ProtocolError(f"manifest must be bytes, got {type(data).__name__}")
         if len(data) > MAX_MANIFEST_BYTES:
             raise ProtocolError(f"manifest of {len(data)} bytes exceeds {MAX_MANIFEST_BYTES}")
         if expected_model_id is not None and hashlib.sha256(data).hexdigest() != expected_model_id:
-            raise ProtocolError(f"manifest does not hash to model_id {expected_model_id[:16]}...")
+            raise ProtocolError(f"manifest does not hash to model_id {str(expected_model_id)[:16]}...")
         try:
-            body = json.loads(data)
-            if body.pop("version") != MANIFEST_VERSION:
-                raise ValueError("unknown manifest version")
-            tensors = tuple(TensorInfo(**{**t, "shape": tuple(t["shape"])}) for t in body.pop("tensors"))
+            body = json.loads(data, parse_constant=_refuse_constant)
+            if not isinstance(body, dict) or body.pop("version", None) != MANIFEST_VERSION:
+                raise ValueError("not a manifest of version 1")
+            raw_tensors = body.pop("tensors")
+            if not isinstance(raw_tensors, list) or not all(isinstance(t, dict) for t in raw_tensors):
+                raise ValueError("tensors must be a list of objects")
+            tensors = tuple(TensorInfo(**{**t, "shape": _tuple(t["shape"])}) for t in raw_tensors)
             manifest = cls(**body, tensors=tensors)
-        except (ValueError, TypeError, KeyError, AttributeError) as e:
-            raise ProtocolError(f"malformed manifest: {e}") from e
+            check_manifest(manifest)
+        except (ValueError, TypeError, KeyError, RecursionError) as e:
+            raise ProtocolError(f"malformed manifest: {str(e)[:200]}") from None
         if manifest.to_bytes() != data:
             raise ProtocolError("manifest is not in canonical form")
         return manifest
@@ -140,6 +161,71 @@ class Manifest:
         return tuple(t for t in self.tensors if t.layer is not None and start <= t.layer < end)
 
 
+def check_manifest(m: Manifest) -> None:
+    """Check every field's type and bounds (what `from_bytes` and `read_manifest` accept).
+
+    Bounds: arch 1..MAX_ARCH_CHARS chars; 1 <= n_layers <= wire.MAX_LAYERS; 1 <= n_embd <=
+    wire.MAX_HIDDEN; 0 <= n_vocab <= wire.MAX_VOCAB; `<arch>.context_length`, when present, an
+    integer >= 1; digests 64 lowercase hex; 0 <= data_offset <= file_size <= MAX_FILE_BYTES; each
+    tensor named once (1..MAX_TENSOR_NAME_CHARS chars), 1..MAX_TENSOR_DIMS dims, its bytes inside
+    [data_offset, file_size), its layer the N of a `blk.N.` name (< n_layers), else None.
+
+    Raises:
+        ValueError: the first violated bound (TypeError for a wrong type).
+    """
+    if not isinstance(m.arch, str) or not 1 <= len(m.arch) <= MAX_ARCH_CHARS:
+        raise ValueError(f"arch must be a string of 1..{MAX_ARCH_CHARS} chars")
+    _check_int("n_layers", m.n_layers, 1, MAX_LAYERS)
+    _check_int("n_embd", m.n_embd, 1, MAX_HIDDEN)
+    _check_int("n_vocab", m.n_vocab, 0, MAX_VOCAB)
+    if not isinstance(m.hparams, dict):
+        raise TypeError("hparams must be an object")
+    ctx_key = f"{m.arch}.context_length"
+    if ctx_key in m.hparams:
+        _check_int(ctx_key, m.hparams[ctx_key], 1, 2**63 - 1)
+    for name in ("tokenizer_sha256", "header_sha256"):
+        if not isinstance(getattr(m, name), str) or not _HEX64.fullmatch(getattr(m, name)):
+            raise ValueError(f"{name} must be 64 lowercase hex chars")
+    _check_int("file_size", m.file_size, 0, MAX_FILE_BYTES)
+    _check_int("data_offset", m.data_offset, 0, m.file_size)
+    if not isinstance(m.tensors, tuple):
+        raise TypeError("tensors must be a list")
+    names = set()
+    for t in m.tensors:
+        if not isinstance(t.name, str) or not 1 <= len(t.name) <= MAX_TENSOR_NAME_CHARS or t.name in names:
+            raise ValueError(f"tensor name {str(t.name)[:80]!r} is empty, too long or repeated")
+        names.add(t.name)
+        _check_int("ggml_type", t.ggml_type, 0, 1023)
+        if not isinstance(t.shape, tuple) or not 1 <= len(t.shape) <= MAX_TENSOR_DIMS:
+            raise ValueError(f"tensor {t.name!r} must have 1..{MAX_TENSOR_DIMS} dims")
+        for d in t.shape:
+            _check_int("shape", d, 0, MAX_FILE_BYTES)
+        _check_int("offset", t.offset, m.data_offset, m.file_size)
+        _check_int("nbytes", t.nbytes, 0, m.file_size - t.offset)
+        if not isinstance(t.sha256, str) or not _HEX64.fullmatch(t.sha256):
+            raise ValueError(f"tensor {t.name!r} sha256 must be 64 lowercase hex chars")
+        want = int(g.group(1)) if (g := _LAYER_RE.match(t.name)) else None
+        if want is not None and not want < m.n_layers or t.layer != want or isinstance(t.layer, bool):
+            raise ValueError(f"tensor {t.name!r} has layer {t.layer!r}, expected {want!r} < n_layers")
+
+
+def _check_int(name: str, v: object, lo: int, hi: int) -> None:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError(f"{name} must be an integer, got {type(v).__name__}")
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} {v} is outside [{lo}, {hi}]")
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _tuple(v: object) -> tuple:
+    if not isinstance(v, list):
+        raise TypeError("tensor shape must be a list")
+    return tuple(v)
+
+
 def build_manifest(path: str | Path) -> Manifest:
     """The manifest of a local GGUF, from the manifest cache when the file is unchanged.
 
@@ -152,7 +238,9 @@ def build_manifest(path: str | Path) -> Manifest:
     """
     path = check_gguf(Path(path))
     st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+    # os.fsencode: a path need not be UTF-8 (a Latin-1 file name arrives with surrogate escapes).
+    stamp = os.fsencode(path.resolve()) + f"|{st.st_size}|{st.st_mtime_ns}".encode()
+    key = hashlib.sha256(stamp).hexdigest()[:32]
     entry = cache_dir().parent / "manifests" / f"{key}.json"
     try:
         return Manifest.from_bytes(entry.read_bytes())
@@ -172,27 +260,49 @@ def build_manifest(path: str | Path) -> Manifest:
 def read_manifest(path: str | Path) -> Manifest:
     """Read a local GGUF and build its manifest, hashing every tensor (~0.3 s per 100 MB).
 
+    Bounds: memory for the metadata the `gguf` package materialises (linear in the header's size;
+    tensor data is memory-mapped and hashed in place); the manifest must pass `check_manifest`.
+
     Raises:
-        ModelError: missing file, not GGUF, or a GGUF the `gguf` package cannot parse.
+        ModelError: missing file, not GGUF, a header the `gguf` package cannot parse (truncated,
+            counts or offsets past the end, text that is not UTF-8, unknown types), missing or
+            mistyped metadata, or a manifest out of the bounds of `check_manifest`.
     """
     path = check_gguf(Path(path))
     try:
+        return _read_manifest(path)
+    except ModelError:
+        raise
+    except _GGUF_ERRORS as e:
+        raise ModelError(f"cannot parse GGUF {path}: {type(e).__name__}: {str(e)[:200]}") from e
+
+
+_GGUF_ERRORS = (
+    ValueError, TypeError, KeyError, IndexError, OverflowError, OSError, struct.error, RecursionError
+)
+"""What the `gguf` package (numpy views over the mapped file) raises on a malformed header."""
+
+
+def _read_manifest(path: Path) -> Manifest:
+    scan(path)  # the bounded scanner first: counts and lengths the `gguf` package would follow blindly
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gguf warns (and goes on) about duplicate keys
         reader = GGUFReader(path)
-    except (ValueError, OSError, IndexError, KeyError) as e:
-        raise ModelError(f"cannot parse GGUF {path}: {e}") from e
     fields = {
-        name: _field_value(field) for name, field in reader.fields.items() if not name.startswith("GGUF.")
+        name: _field_value(field)
+        for name, field in reader.fields.items()
+        if not name.startswith("GGUF.") and (name.startswith(_TOKENIZER_PREFIX) or _small_field(field))
     }
     arch = fields.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelError(f"{path}: no general.architecture in GGUF metadata")
     try:
-        n_layers = int(fields[f"{arch}.block_count"])
-        n_embd = int(fields[f"{arch}.embedding_length"])
+        n_layers = _metadata_int(fields[f"{arch}.block_count"])
+        n_embd = _metadata_int(fields[f"{arch}.embedding_length"])
     except KeyError as e:
         raise ModelError(f"{path}: missing metadata key {e.args[0]}") from e
     tokens = fields.get("tokenizer.ggml.tokens")
-    n_vocab = len(tokens) if isinstance(tokens, list) else int(fields.get(f"{arch}.vocab_size", 0))
+    n_vocab = len(tokens) if isinstance(tokens, list) else _metadata_int(fields.get(f"{arch}.vocab_size", 0))
 
     data_offset = min(t.data_offset for t in reader.tensors) if reader.tensors else path.stat().st_size
     mm = reader.data
@@ -210,7 +320,7 @@ def read_manifest(path: str | Path) -> Manifest:
     )
     tokenizer = {k: v for k, v in fields.items() if k.startswith(_TOKENIZER_PREFIX)}
     hparams = {k: v for k, v in fields.items() if not k.startswith(_TOKENIZER_PREFIX) and _small(v)}
-    return Manifest(
+    manifest = Manifest(
         arch=arch,
         n_layers=n_layers,
         n_embd=n_embd,
@@ -222,6 +332,18 @@ def read_manifest(path: str | Path) -> Manifest:
         data_offset=int(data_offset),
         tensors=tensors,
     )
+    try:
+        check_manifest(manifest)
+    except (ValueError, TypeError) as e:
+        raise ModelError(f"{path}: {e}") from None
+    return manifest
+
+
+def _metadata_int(v: object) -> int:
+    """A GGUF integer field (any integer type); bools, floats and strings are refused."""
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError(f"expected an integer metadata value, got {type(v).__name__}")
+    return v
 
 
 def _field_value(field):
@@ -245,6 +367,11 @@ def _jsonable(value):
 
 def _small(value) -> bool:
     return not isinstance(value, list) or len(value) <= _MAX_HPARAM_ARRAY
+
+
+def _small_field(field) -> bool:
+    """Whether a field would pass `_small` (a long array outside `tokenizer.*` is never read)."""
+    return not (field.types and field.types[0] == GGUFValueType.ARRAY) or len(field.data) <= _MAX_HPARAM_ARRAY
 
 
 def _canonical(obj) -> bytes:

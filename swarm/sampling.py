@@ -38,8 +38,10 @@ class SamplingParams:
 
     Attributes:
         temperature: 0 means greedy (argmax, ties → lowest id); > 0 scales logits by 1/temperature.
+            Any finite positive value is valid: one so small that 1/temperature overflows
+            (e.g. 1e-310) draws greedily, never from NaN probabilities.
         top_p: nucleus mass in (0, 1]; 1 keeps every token.
-        top_k: keep the k most likely tokens; 0 keeps every token.
+        top_k: keep the k most likely tokens; 0 (or any k >= n_vocab) keeps every token.
         seed: 0..2**64-1; with the position it seeds the draw.
         n_top_logprobs: 0..MAX_TOP_LOGPROBS highest log-probs to return per token.
     Raises:
@@ -114,8 +116,16 @@ def _logsumexp(x: np.ndarray) -> float:
     return m + math.log(float(np.sum(np.exp(x - x.dtype.type(m)), dtype=np.float64)))
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - np.max(x))
+def _tempered_softmax(x: np.ndarray, temperature: float) -> np.ndarray:
+    """softmax(x / temperature) of a `[m]` float64 array with a finite max, for any temperature > 0.
+
+    The max is subtracted before dividing: (x - max) / T is <= 0 and the max's own entry is exactly
+    0, so no temperature overflows to +inf or NaN. A temperature so small that every other entry's
+    weight underflows (1e-310, or any T < ~1e-300 on real logits) leaves all the mass on the maxima:
+    the draw is then greedy (among exact ties, uniform).
+    """
+    with np.errstate(over="ignore", under="ignore"):  # (x - max) / tiny T -> -inf -> weight 0: intended
+        e = np.exp((x - np.max(x)) / temperature)
     return e / e.sum()
 
 
@@ -145,16 +155,20 @@ def distribution(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
         logits: `[n_vocab]` float, raw logits of one token (may hold -inf, not NaN or +inf).
         params: sampling parameters with temperature > 0.
     Returns:
-        (ids, probs): `[m]` int64 candidate ids, most likely first (ties → lowest id), and their
-        `[m]` float64 probabilities summing to 1; m >= 1.
+        (ids, probs): `[m]` int64 candidate ids and their `[m]` float64 probabilities summing to 1,
+        m >= 1; ids are most likely first (ties → lowest id) after top-k or top-p, and in id order
+        when no filter applies (top_k 0 or >= n_vocab, top_p 1).
     Raises:
         RequestError: logits malformed or temperature == 0 (greedy has no distribution).
     """
     logits = _check_logits(logits)
     if params.greedy:
         raise RequestError("greedy sampling (temperature 0) has no distribution")
-    x = logits.astype(np.float64)
-    if params.top_k > 0:
+    with np.errstate(over="ignore"):
+        x = logits.astype(np.float64)
+    if np.isposinf(x).any():  # a wider float (float128) can overflow float64
+        raise RequestError("logits overflow float64")
+    if 0 < params.top_k < x.size:  # top_k >= n_vocab keeps every token: the same draw as top_k 0
         ids = _top_ids(x, params.top_k)
         if params.top_p < 1:
             ids = ids[_nucleus_ids(x[ids], params.top_p)]
@@ -162,7 +176,10 @@ def distribution(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
         ids = _nucleus_ids(x, params.top_p)
     else:
         ids = np.arange(x.size)
-    return ids, _softmax(x[ids] / params.temperature)
+    probs = _tempered_softmax(x[ids], params.temperature)
+    if not np.isfinite(probs).all():  # cannot happen with a finite max; never let NaN reach a draw
+        raise RequestError(f"sampling distribution is not finite at temperature {params.temperature!r}")
+    return ids, probs
 
 
 def sample(logits: np.ndarray, params: SamplingParams, position: int) -> SampleResult:

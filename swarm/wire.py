@@ -12,9 +12,9 @@ no fewer (any change to a frame bumps `PROTOCOL_GENERATION`). Frames that carry 
 after the header are exactly rows * cols * itemsize of row-major data.
 
 Size line: a decode step moves one `Forward` (client → peer) or `Hidden` (peer → client) frame of
-4·n_embd tensor bytes + about 70-90 B of prefix and header (measured: Forward 80-88 B, Hidden 68 B):
-for SmolLM2 (n_embd 576) 2304 B + ~85 B; for Qwen2.5 0.5B (n_embd 896) 3584 B + ~85 B; at
-n_embd 2048, 8 KiB + ~85 B per token per hop. The last span answers with a `Token` frame of
+4·n_embd tensor bytes + about 70-100 B of prefix and header (measured: Forward 89-97 B, Hidden 68 B):
+for SmolLM2 (n_embd 576) 2304 B + ~95 B; for Qwen2.5 0.5B (n_embd 896) 3584 B + ~95 B; at
+n_embd 2048, 8 KiB + ~95 B per token per hop. The last span answers with a `Token` frame of
 about 85 B + 15 B per top log-prob. Encode + decode of a [1, 896] f32 Forward: ~8.5 µs.
 
 Decoding never raises anything but `swarm.errors.ProtocolError`: garbage, truncated or oversized
@@ -40,8 +40,10 @@ from swarm.errors import ProtocolError, RequestError
 from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
-PROTOCOL_GENERATION = 1
-"""Version of every frame below; a peer refuses frames of any other generation."""
+PROTOCOL_GENERATION = 2
+"""Version of every frame below; a peer refuses frames of any other generation.
+
+2: prefix KV snapshots (`Open.prefixes`, `OpenOk.restorable` / `fetched_from`, `Forward.restore`)."""
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest frame body accepted (header + tensor); clients chunk bigger prefills."""
@@ -65,6 +67,10 @@ MAX_MESSAGE_CHARS = 1000
 """Error messages are cut to this many characters."""
 
 SESSION_ID_BYTES = 16
+
+MAX_PREFIX_OFFERS = 64
+"""Most (n_tokens, hash) prefix offers in one Open (see swarm/kv/prefix.py)."""
+PREFIX_HASH_BYTES = 32
 
 _PREFIX = struct.Struct(">BH")
 _DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
@@ -135,6 +141,8 @@ class Open:
         start, end: global layer span the client expects this peer to run, half-open.
         max_tokens: session length (prompt + generated) to reserve, 1..MAX_CONTEXT_TOKENS.
         sampling: sampling parameters, used only by the last span.
+        prefixes: up to MAX_PREFIX_OFFERS (n_tokens, sha256 chain hash) pairs naming prefixes of
+            the prompt, n_tokens strictly ascending; the last is the whole prompt (swarm/kv/prefix.py).
     """
 
     session_id: bytes
@@ -144,6 +152,7 @@ class Open:
     end: int
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    prefixes: tuple[tuple[int, bytes], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.session_id, bytes) or len(self.session_id) != SESSION_ID_BYTES:
@@ -157,16 +166,40 @@ class Open:
         _int("max_tokens", self.max_tokens, 1, MAX_CONTEXT_TOKENS)
         if not isinstance(self.sampling, SamplingParams):
             raise ProtocolError("field 'sampling' must be SamplingParams")
+        if not isinstance(self.prefixes, tuple) or len(self.prefixes) > MAX_PREFIX_OFFERS:
+            raise ProtocolError(f"field 'prefixes' must be a tuple of at most {MAX_PREFIX_OFFERS} pairs")
+        last = 0
+        for pair in self.prefixes:
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise ProtocolError("field 'prefixes' must hold (n_tokens, hash) pairs")
+            last = _int("prefixes.n_tokens", pair[0], last + 1, MAX_CONTEXT_TOKENS)
+            if not isinstance(pair[1], bytes) or len(pair[1]) != PREFIX_HASH_BYTES:
+                raise ProtocolError(f"field 'prefixes.hash' must be {PREFIX_HASH_BYTES} bytes")
 
 
 @dataclass(frozen=True)
 class OpenOk:
-    """Peer → client: the session is open with `reserved_tokens` of KV cache."""
+    """Peer → client: the session is open with `reserved_tokens` of KV cache.
+
+    Attributes:
+        reserved_tokens: KV tokens reserved.
+        restorable: offered prefix lengths this peer can restore (held, or fetched from another
+            peer during Open), ascending, at most MAX_PREFIX_OFFERS.
+        fetched_from: peer id of the holder the peer fetched a snapshot from for this Open ("": none).
+    """
 
     reserved_tokens: int
+    restorable: tuple[int, ...] = ()
+    fetched_from: str = ""
 
     def __post_init__(self) -> None:
         _int("reserved_tokens", self.reserved_tokens, 1, MAX_CONTEXT_TOKENS)
+        if not isinstance(self.restorable, tuple) or len(self.restorable) > MAX_PREFIX_OFFERS:
+            raise ProtocolError(f"field 'restorable' must be a tuple of at most {MAX_PREFIX_OFFERS} lengths")
+        last = 0
+        for n in self.restorable:
+            last = _int("restorable[]", n, last + 1, MAX_CONTEXT_TOKENS)
+        _str("fetched_from", self.fetched_from, MAX_ID_CHARS)
 
 
 @dataclass(frozen=True)
@@ -195,6 +228,8 @@ class Forward:
         sample: last span only: sample the last row's logits and reply with `Token`.
         want_logits: last span only: also return the last row's logits in `Token.logits`.
         all_logits: with want_logits, return the logits of every row instead of only the last.
+        restore: 0, or (only on a session's first Forward, with pos0 == restore) a prefix length the
+            peer said in `OpenOk.restorable` it can restore: it loads that prefix's KV first.
     """
 
     step: int
@@ -203,6 +238,7 @@ class Forward:
     sample: bool = False
     want_logits: bool = False
     all_logits: bool = False
+    restore: int = 0
 
     def __post_init__(self) -> None:
         _int("step", self.step, 0, _U64)
@@ -212,6 +248,8 @@ class Forward:
         _bool("want_logits", self.want_logits)
         if _bool("all_logits", self.all_logits) and not self.want_logits:
             raise ProtocolError("field 'all_logits' needs 'want_logits'")
+        if _int("restore", self.restore, 0, MAX_CONTEXT_TOKENS) and self.restore != self.pos0:
+            raise ProtocolError("field 'restore' must equal 'pos0' when set")
 
     @property
     def n_tokens(self) -> int:
@@ -297,10 +335,14 @@ _KINDS: dict[type, str] = {
     Close: "close",
 }
 _FIELDS: dict[str, frozenset[str]] = {
-    "open": frozenset({"session_id", "client_id", "model_id", "start", "end", "max_tokens", "sampling"}),
-    "open_ok": frozenset({"reserved_tokens"}),
+    "open": frozenset(
+        {"session_id", "client_id", "model_id", "start", "end", "max_tokens", "sampling", "prefixes"}
+    ),
+    "open_ok": frozenset({"reserved_tokens", "restorable", "fetched_from"}),
     "error": frozenset({"code", "message"}),
-    "forward": frozenset({"step", "pos0", "sample", "want_logits", "all_logits", "dtype", "shape"}),
+    "forward": frozenset(
+        {"step", "pos0", "sample", "want_logits", "all_logits", "restore", "dtype", "shape"}
+    ),
     "hidden": frozenset({"step", "compute_ms", "dtype", "shape"}),
     "token": frozenset({"step", "token", "logprob", "top", "compute_ms", "dtype", "shape"}),
     "truncate": frozenset({"pos"}),
@@ -324,9 +366,14 @@ def _header(frame: Frame) -> tuple[dict[str, Any], np.ndarray | None]:
             "end": frame.end,
             "max_tokens": frame.max_tokens,
             "sampling": {name: getattr(s, name) for name in _SAMPLING_FIELDS},
+            "prefixes": [[n, h] for n, h in frame.prefixes],
         }, None
     if isinstance(frame, OpenOk):
-        return {"reserved_tokens": frame.reserved_tokens}, None
+        return {
+            "reserved_tokens": frame.reserved_tokens,
+            "restorable": list(frame.restorable),
+            "fetched_from": frame.fetched_from,
+        }, None
     if isinstance(frame, Error):
         return {"code": frame.code.value, "message": frame.message}, None
     if isinstance(frame, Forward):
@@ -336,6 +383,7 @@ def _header(frame: Frame) -> tuple[dict[str, Any], np.ndarray | None]:
             "sample": frame.sample,
             "want_logits": frame.want_logits,
             "all_logits": frame.all_logits,
+            "restore": frame.restore,
         }, frame.hidden
     if isinstance(frame, Hidden):
         return {"step": frame.step, "compute_ms": frame.compute_ms}, frame.hidden
@@ -418,6 +466,12 @@ def _decode_sampling(v: Any) -> SamplingParams:
         raise ProtocolError(f"field 'sampling': {err}") from None
 
 
+def _decode_pairs(name: str, v: Any) -> tuple:
+    if not isinstance(v, list) or not all(isinstance(p, list) for p in v):
+        raise ProtocolError(f"field {name!r} must be a list of pairs")
+    return tuple(tuple(p) for p in v)
+
+
 def _build(kind: str, h: dict[str, Any], payload: memoryview) -> Frame:
     if kind == "forward":
         return Forward(
@@ -427,6 +481,7 @@ def _build(kind: str, h: dict[str, Any], payload: memoryview) -> Frame:
             sample=h["sample"],
             want_logits=h["want_logits"],
             all_logits=h["all_logits"],
+            restore=h["restore"],
         )
     if kind == "hidden":
         hidden = _decode_tensor(h, payload, MAX_HIDDEN)
@@ -458,9 +513,15 @@ def _build(kind: str, h: dict[str, Any], payload: memoryview) -> Frame:
             end=h["end"],
             max_tokens=h["max_tokens"],
             sampling=_decode_sampling(h["sampling"]),
+            prefixes=_decode_pairs("prefixes", h["prefixes"]),
         )
     if kind == "open_ok":
-        return OpenOk(reserved_tokens=h["reserved_tokens"])
+        restorable = h["restorable"]
+        if not isinstance(restorable, list):
+            raise ProtocolError("field 'restorable' must be a list")
+        return OpenOk(
+            reserved_tokens=h["reserved_tokens"], restorable=tuple(restorable), fetched_from=h["fetched_from"]
+        )
     if kind == "error":
         try:
             code = ErrorCode(h["code"])

@@ -5,7 +5,7 @@ Under keys derived from the model_id, publishers and seeders store signed DHT bl
 - `swarm/<model_id>/manifest`: the manifest record, zstd-compressed and cut into blobs
   `part<i>of<n>` (a DHT blob is at most 64 KiB; large models have large manifests). A fetcher
   joins the parts of one owner and accepts them only if the manifest hashes to the model_id.
-- `swarm/<model_id>/seeders`: one seeder record per peer (v1 info-hash and BitTorrent address);
+- `swarm/<model_id>/seeders`: one seeder record per peer (v1 info-hash and BitTorrent addresses);
   the torrent itself comes from the seeders by info-hash (BitTorrent metadata exchange).
 
 No tracker and no central host: everything is found from the model_id. The libtorrent session
@@ -23,6 +23,8 @@ import zstandard
 
 from swarm.artifacts.plan import ByteRange, merge_ranges, span_byte_ranges
 from swarm.artifacts.records import (
+    MAX_MANIFEST_RECORD_BYTES,
+    MAX_SEEDER_ADDRS,
     SeederRecord,
     decode_manifest,
     decode_seeder,
@@ -33,7 +35,7 @@ from swarm.artifacts.session import ArtifactSession
 from swarm.artifacts.torrent import Torrent, make_torrent
 from swarm.dht.node import SwarmDHT
 from swarm.errors import ArtifactError, ProtocolError
-from swarm.manifest import MAX_MANIFEST_BYTES, Manifest
+from swarm.manifest import Manifest
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +69,22 @@ def manifest_parts(manifest: Manifest) -> list[bytes]:
 def join_manifest(parts: list[bytes], model_id: str) -> Manifest:
     """Inverse of `manifest_parts`, checking the manifest hashes to `model_id`.
 
+    Bounds: never allocates more than MAX_MANIFEST_RECORD_BYTES for the decompressed record: a
+    frame that declares a larger content size is refused before decompressing (zstandard would
+    otherwise allocate whatever the header declares, ignoring `max_output_size`).
+
     Raises:
-        ProtocolError: parts that do not decompress, an oversized result, or another model's manifest.
+        ProtocolError: parts that are not bytes or do not decompress, an oversized result, or
+            another model's manifest.
     """
+    if not isinstance(parts, list) or not all(isinstance(p, bytes) for p in parts):
+        raise ProtocolError("manifest parts must be a list of bytes")
+    data = b"".join(parts)
     try:
-        raw = zstandard.ZstdDecompressor().decompress(
-            b"".join(parts), max_output_size=MAX_MANIFEST_BYTES + 1024
-        )
+        declared = zstandard.frame_content_size(data)  # -1: not declared
+        if declared > MAX_MANIFEST_RECORD_BYTES:
+            raise ProtocolError(f"manifest record declares {declared} B, over {MAX_MANIFEST_RECORD_BYTES}")
+        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_MANIFEST_RECORD_BYTES)
     except zstandard.ZstdError as e:
         raise ProtocolError(f"manifest record does not decompress: {e}") from e
     return decode_manifest(raw, model_id)
@@ -81,21 +92,31 @@ def join_manifest(parts: list[bytes], model_id: str) -> Manifest:
 
 @dataclass
 class Publication:
-    """What a peer publishes for one model: the manifest, and itself as a seeder of `infohash`."""
+    """What a peer publishes for one model: the manifest, and itself as a seeder of `infohash`.
+
+    Attributes:
+        addresses: the BitTorrent `(host, port)` pairs other peers reach this seeder at
+            (`ArtifactSession.addresses`), at most `records.MAX_SEEDER_ADDRS`.
+    """
 
     manifest: Manifest
     infohash: str
-    address: tuple[str, int]
+    addresses: tuple[tuple[str, int], ...]
 
     async def store(self, dht: SwarmDHT) -> None:
-        """Store (or refresh) the records. Raises DHTError when no DHT node accepts them."""
+        """Store (or refresh) the records.
+
+        Raises:
+            DHTError: no DHT node accepted them.
+            ProtocolError: an address cannot go in a seeder record (see `records.encode_seeder`).
+        """
         parts = manifest_parts(self.manifest)
         for i, part in enumerate(parts):
             await dht.store_blob(
                 manifest_key(self.manifest.model_id), f"part{i}of{len(parts)}", part, RECORD_TTL_S
             )
-        host, port = self.address
-        record = encode_seeder(SeederRecord(infohash=self.infohash, host=host, port=port))
+        (host, port), *more = self.addresses[:MAX_SEEDER_ADDRS]
+        record = encode_seeder(SeederRecord(infohash=self.infohash, host=host, port=port, more=tuple(more)))
         await dht.store_blob(seeders_key(self.manifest.model_id), "seeder", record, RECORD_TTL_S)
 
     async def refresh_forever(self, dht: SwarmDHT) -> None:
@@ -117,7 +138,7 @@ async def publish(dht: SwarmDHT, artifacts: ArtifactSession, path: Path, manifes
     """
     torrent: Torrent = await asyncio.to_thread(make_torrent, path, manifest)
     await asyncio.to_thread(artifacts.seed, path, torrent.data)
-    pub = Publication(manifest, torrent.infohash, artifacts.address)
+    pub = Publication(manifest, torrent.infohash, artifacts.addresses)
     await pub.store(dht)
     return pub
 
@@ -191,7 +212,8 @@ async def acquire(
     seeders = await find_seeders(dht, model_id)
     if not seeders:
         raise ArtifactError(f"no seeders for model {model_id[:16]}…")
-    peers = [(s.host, s.port) for s in seeders if (s.host, s.port) != artifacts.address]
+    own = set(artifacts.addresses)
+    peers = list(dict.fromkeys(a for s in seeders for a in s.addresses if a not in own))
     infohash = seeders[0].infohash
     torrent = await asyncio.to_thread(artifacts.fetch_metadata, infohash, manifest, peers)
     result = await asyncio.to_thread(
@@ -204,7 +226,7 @@ async def acquire(
         result.elapsed_s,
         len(result.bytes_by_peer),
     )
-    return result.path, manifest, Publication(manifest, infohash, artifacts.address)
+    return result.path, manifest, Publication(manifest, infohash, artifacts.addresses)
 
 
 def _part_count(named: dict[str, bytes]) -> int:

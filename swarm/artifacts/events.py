@@ -120,8 +120,9 @@ def _infohash(a: lt.alert) -> str | None:
 
 
 def _peer(a: lt.alert) -> str:
+    """`host:port` of the alert's peer; an IPv6 host in brackets (`[::1]:6881`)."""
     host, port = a.endpoint if hasattr(a, "endpoint") else a.ip
-    return f"{host}:{port}"
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
 def _disk_error(a: lt.file_error_alert) -> ArtifactError:

@@ -26,8 +26,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,8 +40,9 @@ from swarm.artifacts.events import FetchState, route_alerts
 from swarm.artifacts.plan import ByteRange, merge_ranges, pieces_bytes, pieces_for_ranges
 from swarm.artifacts.torrent import Torrent, parse_torrent, torrent_from_info
 from swarm.artifacts.verify import verify_file
-from swarm.errors import ArtifactError
+from swarm.errors import AddressError, ArtifactError
 from swarm.manifest import Manifest
+from swarm.netaddr import IPAddress, bt_listen_string, check_port, parse_host
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,8 @@ class SessionConfig:
     """Settings of one libtorrent session.
 
     Attributes:
-        listen_host: interface to listen on (an address, not a name).
+        listen_host: IPv4 or IPv6 literal to listen on (not a name); a wildcard (`0.0.0.0`, `::`)
+            listens on every interface of its family, all on the same port.
         listen_port: TCP port; 0 picks a free one (see `ArtifactSession.port`).
         public_discovery: turn on libtorrent's own DHT, LSD, UPnP and NAT-PMP (off: swarm finds
             seeders through its own DHT and passes them in).
@@ -101,18 +105,30 @@ class FetchResult:
 class ArtifactSession:
     """A libtorrent session that seeds and fetches GGUF artifacts.
 
+    Other peers are told `addresses`: `(listen_host, port)` for a specific listen host; for a
+    wildcard one, the hosts given to `advertise` (the interface or public addresses the caller
+    knows, see `swarm.netaddr.advertised_hosts`).
+
     Args:
         config: listen address, discovery switch and rate limits.
     Raises:
-        ArtifactError: the listen socket could not be opened.
+        AddressError: listen_host is not an IP literal, or listen_port is outside 0..65535.
+        ArtifactError: the listen socket could not be opened (e.g. the port is in use).
     """
 
     def __init__(self, config: SessionConfig = SessionConfig()):
         self.config = config
+        host = parse_host(config.listen_host, "BitTorrent listen host")
+        port = check_port(config.listen_port, "--bt-port")
+        if host.is_unspecified and port == 0:
+            # libtorrent gives each interface of a wildcard its own free port, and reports only one;
+            # a port free on all of them now makes every advertised (address, port) pair true.
+            port = _free_port(host)
+        self._advertised: tuple[str, ...] = () if host.is_unspecified else (str(host),)
         discovery = config.public_discovery
         self._ses = lt.session(
             {
-                "listen_interfaces": f"{config.listen_host}:{config.listen_port}",
+                "listen_interfaces": bt_listen_string(str(host), port),
                 "enable_outgoing_utp": False,  # uTP on loopback: 7-10 MiB/s instead of 235-291 (NOTES)
                 "enable_incoming_utp": False,
                 "tick_interval": 100,
@@ -137,18 +153,49 @@ class ArtifactSession:
             classes.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", everyone)
             self._ses.set_peer_class_filter(classes)
         self._fetching: dict[str, FetchState] = {}
-        if not self._ses.is_listening() or self.port == 0:
-            raise ArtifactError(f"cannot listen on {config.listen_host}:{config.listen_port}")
+        if not self._ses.is_listening() or self.port == 0 or port not in (0, self.port):
+            where = bt_listen_string(str(host), port)
+            self._ses = None
+            raise ArtifactError(
+                f"cannot listen for BitTorrent on {where}: not an address of this machine, "
+                "or the port is in use"
+            )
 
     @property
     def port(self) -> int:
         """The TCP port this session accepts peers on."""
         return self._ses.listen_port()
 
+    def advertise(self, hosts: Sequence[str]) -> None:
+        """Set the hosts other peers are told to connect to (each with `port`).
+
+        Args:
+            hosts: IP literals this session is reachable at (an interface's or a NAT's public one).
+        Raises:
+            AddressError: no hosts, a host that is not an IP literal, or a wildcard.
+        """
+        checked = tuple(str(parse_host(h, "advertised host")) for h in hosts)
+        if not checked or any(parse_host(h).is_unspecified for h in checked):
+            raise AddressError(f"no address other peers can reach to advertise (got {list(checked)})")
+        self._advertised = checked
+
+    @property
+    def addresses(self) -> tuple[tuple[str, int], ...]:
+        """`(host, port)` pairs other peers connect to, one per advertised host.
+
+        Raises:
+            ArtifactError: the session listens on a wildcard and `advertise` was not called.
+        """
+        if not self._advertised:
+            raise ArtifactError(
+                f"BitTorrent listens on {self.config.listen_host}: advertise() the addresses peers reach"
+            )
+        return tuple((h, self.port) for h in self._advertised)
+
     @property
     def address(self) -> tuple[str, int]:
-        """`(host, port)` other peers connect to."""
-        return (self.config.listen_host, self.port)
+        """The first of `addresses`."""
+        return self.addresses[0]
 
     def close(self) -> None:
         """Stop every torrent and the session's network thread. Idempotent."""
@@ -463,6 +510,17 @@ class ArtifactSession:
             if time.monotonic() > deadline:
                 raise ArtifactError(f"{what} timed out after {timeout_s:.0f} s")
             self._ses.wait_for_alert(_POLL_MS)
+
+
+def _free_port(host: IPAddress) -> int:
+    """A TCP port free on every interface of `host`'s family right now (the kernel's choice)."""
+    family = socket.AF_INET6 if host.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(host), 0))
+            return probe.getsockname()[1]
+    except OSError as e:
+        raise ArtifactError(f"cannot find a free BitTorrent port on {host}: {e}") from e
 
 
 def _connect(handle: lt.torrent_handle, peers: list[tuple[str, int]]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from swarm.client.generate import Generation, GenerationRequest, TokenStream
+from swarm.client.text import check_utf8
 from swarm.client.tokenizer import Tokenizer
 from swarm.errors import RequestError
 from swarm.models import DEFAULT_MODEL, resolve_model
@@ -71,7 +72,9 @@ class Client:
 
         Each delta decodes as UTF-8 on its own; they concatenate to `.result.text`.
         Raises:
-            RequestError: empty prompt, max_new_tokens < 1, bad sampling values, or over the context.
+            RequestError: empty prompt, text that is not valid UTF-8 (a lone surrogate, or bytes
+                that were not UTF-8), max_new_tokens not an integer >= 1, bad sampling values
+                (`swarm.sampling.SamplingParams`), or prompt + max_new_tokens over the context.
         """
         if not isinstance(prompt, str) or not prompt:
             raise RequestError("empty prompt")
@@ -142,8 +145,12 @@ class Client:
         seed: int,
         stop: Sequence[str],
     ) -> TokenStream:
-        if isinstance(stop, str):
+        if isinstance(stop, (str, bytes)):
             raise RequestError("stop must be a list of strings")
+        try:
+            stop = tuple(check_utf8(s, f"stop string {i}") for i, s in enumerate(stop))
+        except TypeError:
+            raise RequestError("stop must be a list of strings") from None
         sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         req = GenerationRequest(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop))
         return TokenStream(self._engine, self.tokenizer, tokens, req, backend=self._backend)

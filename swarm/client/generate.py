@@ -100,11 +100,13 @@ def check_request(n_prompt_tokens: int, req: GenerationRequest, context_limit: i
     """Refuse a request that cannot run on an engine holding `context_limit` tokens per session.
 
     Raises:
-        RequestError: empty prompt, max_new_tokens < 1, or prompt + max_new_tokens over the engine's
-            context or the product's hard cap of 131,072 tokens.
+        RequestError: empty prompt, max_new_tokens not an integer >= 1, or prompt + max_new_tokens
+            over the engine's context or the product's hard cap of 131,072 tokens.
     """
     if n_prompt_tokens == 0:
         raise RequestError("empty prompt")
+    if not isinstance(req.max_new_tokens, int) or isinstance(req.max_new_tokens, bool):
+        raise RequestError(f"max_new_tokens must be an integer, got {req.max_new_tokens!r:.40}")
     if req.max_new_tokens < 1:
         raise RequestError(f"max_new_tokens must be >= 1 (got {req.max_new_tokens})")
     limit = min(context_limit, MAX_CONTEXT_TOKENS)

@@ -79,13 +79,15 @@ def open_local_model(
             completion methods (they assume the single sequence of a default context).
     Raises:
         ModelError: llama.cpp refused the file or could not build the context.
-        RequestError: max_sessions or n_ctx out of range.
+        RequestError: max_sessions, n_ctx or n_threads out of range.
     """
     max_seq = llama_cpp.llama_max_parallel_sequences()
     if not isinstance(max_sessions, int) or not 1 <= max_sessions < max_seq:
         raise RequestError(f"max_sessions must be an integer in [1, {max_seq - 1}], got {max_sessions!r}")
     if n_ctx is not None and not 1 <= n_ctx <= MAX_CONTEXT_TOKENS:
         raise RequestError(f"n_ctx must be in [1, {MAX_CONTEXT_TOKENS}], got {n_ctx!r}")
+    if n_threads is not None and (not isinstance(n_threads, int) or not 1 <= n_threads <= 1024):
+        raise RequestError(f"n_threads must be an integer in [1, 1024], got {n_threads!r:.40}")
     threads = n_threads or default_threads()
     # llama_cpp.Llama cannot ask for several sequences or a unified KV cache, and it always builds a
     # context: load with a minimal one (1-token batches, so no real compute buffer), then replace it.

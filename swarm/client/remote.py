@@ -34,6 +34,7 @@ from swarm.dht.node import SwarmDHT, get_dht_time
 from swarm.dht.records import Announcement
 from swarm.errors import PeerTimeout, PeerUnreachable, SwarmError
 from swarm.ggml_bridge.embed import TokenEmbedder
+from swarm.kv.prefix import PREFIX_BLOCK_TOKENS, prefix_offers
 from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import cache_dir, is_model_id, resolve_model
@@ -277,6 +278,9 @@ class RemoteEngine:
         embedder: token ids → `[n, hidden]` float32, exact.
         prefill_chunk_tokens: prompt tokens per Forward frame (and per replayed frame).
         policy: failover limits and timeouts.
+        reuse_prefixes: offer the prompt's prefix hashes to every hop so that peers holding a
+            snapshot of a shared prefix restore it instead of computing it (swarm/kv/prefix.py);
+            only when prefill_chunk_tokens is a multiple of PREFIX_BLOCK_TOKENS (exactness).
     """
 
     def __init__(
@@ -286,6 +290,7 @@ class RemoteEngine:
         embedder: TokenEmbedder,
         prefill_chunk_tokens: int = 256,
         policy: FailoverPolicy | None = None,
+        reuse_prefixes: bool = True,
     ):
         if prefill_chunk_tokens < 1:
             raise SwarmError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
@@ -293,6 +298,7 @@ class RemoteEngine:
         self._manifest = manifest
         self._embedder = embedder
         self._chunk = prefill_chunk_tokens
+        self.reuse_prefixes = reuse_prefixes and prefill_chunk_tokens % PREFIX_BLOCK_TOKENS == 0
         self.policy = policy or FailoverPolicy(replay_chunk_tokens=prefill_chunk_tokens)
         ctx = int(manifest.hparams.get(f"{manifest.arch}.context_length", MAX_CONTEXT_TOKENS))
         self.context_limit = min(ctx, MAX_CONTEXT_TOKENS)
@@ -305,10 +311,8 @@ class RemoteEngine:
     def open_session(
         self, n_tokens: int, sampling: SamplingParams, telemetry: GenerationTelemetry
     ) -> "RemoteSession":
-        """Plan a route and open one session per hop, reserving `n_tokens` of KV cache on each.
-
-        Raises:
-            NoRoute: no chain of live peers with room for the session.
+        """A session reserving `n_tokens` of KV cache on each hop. Its route is planned and opened
+        by the first `prefill`, which knows the prompt's prefix hashes to offer the hops.
         """
         spec = SessionSpec(
             self._manifest.model_id, self._conn.dht.peer_id, self._manifest.n_layers, n_tokens, sampling
@@ -324,12 +328,7 @@ class RemoteEngine:
             sleep=asyncio.sleep,
             rng=self._rng,
         )
-        session = RemoteSession(self._conn.loop, route, self._embedder, self._chunk)
-        try:
-            self._conn.loop.run(route.open(), CALL_TIMEOUT_S)
-        except BaseException:
-            session.close()
-            raise
+        session = RemoteSession(self._conn.loop, route, self._embedder, self._chunk, self.reuse_prefixes)
         self._sessions.add(session)
         session.on_close = self._sessions.discard
         return session
@@ -344,16 +343,26 @@ class RemoteEngine:
 class RemoteSession:
     """`EngineSession` over a `RouteSession`: embeds tokens, chunks the prompt, waits on the loop."""
 
-    def __init__(self, loop: LoopThread, route: RouteSession, embedder: TokenEmbedder, chunk_tokens: int):
+    def __init__(self, loop: LoopThread, route: RouteSession, embedder: TokenEmbedder, chunk_tokens: int,
+                 reuse_prefixes: bool = False):
         self._loop, self.route, self._embedder, self._chunk = loop, route, embedder, chunk_tokens
+        self._reuse = reuse_prefixes
         self._closed = False
         self.on_close = None
 
     def prefill(self, tokens) -> StepResult:
-        """Send the prompt in chunks through the route; return the token sampled after it."""
-        x = self._embedder.embed(list(tokens))
+        """Open the route (offering the prompt's prefixes), then send the prompt from the restored
+        length on, in chunks starting at multiples of the chunk size; return the token sampled after it.
+
+        Raises:
+            NoRoute: no chain of live peers with room for the session.
+        """
+        tokens = list(tokens)
+        x = self._embedder.embed(tokens)
+        offers = prefix_offers(tokens) if self._reuse else ()
+        self._loop.run(self.route.open(offers, lambda n: x[:n]), CALL_TIMEOUT_S)
         token = None
-        for i in range(0, len(tokens), self._chunk):
+        for i in range(self.route.pos, len(tokens), self._chunk):
             token = self._loop.run(self.route.step(x[i : i + self._chunk]), CALL_TIMEOUT_S)
         assert token is not None
         return StepResult(token=token.token, logprob=token.logprob, top=token.top)

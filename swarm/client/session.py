@@ -13,6 +13,13 @@ probes), the `HopTransport` (links to peers), the clock, the sleep and the RNG. 
 over libp2p streams (swarm/client/remote.py); the simulator (sim/) runs it over simulated peers;
 unit tests run it over scripted peers. The policy numbers live in swarm/route/failover.py.
 
+Prefix snapshots: `open(prefixes=...)` offers the prompt's prefix hashes (swarm/kv/prefix.py) to
+every hop; the route starts at the largest length every hop can restore (`restored_tokens`), and
+each hop's first Forward carries `restore`. A replacement hop offers the same prefixes and replays
+only the rows after the longest prefix it can restore at or after the failed hop's first recorded
+row; when it can restore none of them (the failed hop's rows before that were never recorded), the
+whole route is re-opened and replayed from the prompt's embedded rows (`prefix_rows`).
+
 This module does not: read the DHT, encode frames to bytes, embed tokens or sample.
 """
 
@@ -27,6 +34,7 @@ from typing import Protocol
 import numpy as np
 
 from swarm.client.telemetry import FailoverEvent, GenerationTelemetry, HopTelemetry
+from swarm.kv.prefix import choose_restore
 from swarm.errors import (
     Busy,
     NoRoute,
@@ -104,11 +112,21 @@ class _Hop:
     link: HopLink
     telemetry: HopTelemetry
     inputs: list[np.ndarray]
-    """Every `[rows, hidden]` float32 block this hop was sent, from position 0 on: its replay."""
+    """Every `[rows, hidden]` float32 block this hop was sent, from position `base` on: its replay."""
+    restorable: frozenset[int] = frozenset()
+    """Prefix lengths the peer said it can restore."""
+    base: int = 0
+    """Position of the first recorded input row (the restored prefix length)."""
+    pending_restore: int = 0
+    """Prefix length to restore with the hop's first Forward (0: none, or already done)."""
 
     @property
     def peer_id(self) -> str:
         return self.span.peer_id
+
+
+class _CannotRestore(Exception):
+    """Internal: replacement hops cannot restore the prefix a failed hop's recorded rows start after."""
 
 
 class _HopFailed(Exception):
@@ -184,21 +202,38 @@ class RouteSession:
         self._step = 0
         self.pos = 0
         """Tokens every hop holds: the next step starts at this position."""
+        self.restored_tokens = 0
+        """Prompt tokens the route restored from snapshots at open (the prefill starts there)."""
+        self._offers: tuple[tuple[int, bytes], ...] = ()
+        self._prefix_rows: Callable[[int], np.ndarray] | None = None
 
     @property
     def route(self) -> list[str]:
         """Peer ids of the current hops, in layer order."""
         return [h.peer_id for h in self._hops]
 
-    async def open(self) -> None:
+    async def open(
+        self,
+        prefixes: tuple[tuple[int, bytes], ...] = (),
+        prefix_rows: Callable[[int], np.ndarray] | None = None,
+    ) -> None:
         """Plan a route over every layer and open a session on each hop.
 
+        Args:
+            prefixes: (n_tokens, hash) offers of the prompt (swarm/kv/prefix.py), the last one the
+                whole prompt; () offers nothing.
+            prefix_rows: n → the first hop's input rows for positions [0, n) (the embedded prompt),
+                used to rebuild the route when a replacement cannot restore a restored prefix.
+        After it, `pos` is the restored length: the caller's first step starts there.
         Raises:
             NoRoute: no chain of live peers with room, even after a fresh probe of excluded peers,
                 or every attempt to open one failed.
         """
+        self._offers, self._prefix_rows = prefixes, prefix_rows
         self._hops = await self._open_stretch(0, self.spec.n_layers, None, fresh=True)
         self.telemetry.route = [h.telemetry for h in self._hops]
+        self.restored_tokens = self.pos
+        self.telemetry.reused_tokens = self.pos
 
     async def step(self, x: np.ndarray) -> Token:
         """Run `x` (`[n, hidden]` float32, positions pos..pos+n-1) through every hop.
@@ -209,13 +244,14 @@ class RouteSession:
         Raises:
             SwarmError: more than policy.max_failovers failovers, or no replacement for a failed hop.
         """
-        pos0, i = self.pos, 0
+        pos0, i, x0 = self.pos, 0, x
         while i < len(self._hops):
             hop, t_start = self._hops[i], self._now()
             try:
                 reply = await self._forward(hop, pos0, x)
             except _HopFailed as f:
-                await self._fail_over(i, f.error, t_start)
+                if await self._fail_over(i, f.error, t_start):
+                    i, x = 0, x0  # the whole route was rebuilt: run this step from the first hop
                 continue
             hop.inputs.append(x)
             if isinstance(reply, Token):
@@ -237,12 +273,13 @@ class RouteSession:
 
     async def _forward(self, hop: _Hop, pos0: int, x: np.ndarray) -> Hidden | Token:
         last = hop.span.end == self.spec.n_layers
-        frame = Forward(step=self._step, pos0=pos0, hidden=x, sample=last)
+        frame = Forward(step=self._step, pos0=pos0, hidden=x, sample=last, restore=hop.pending_restore)
         self._step += 1
         reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy))
-        if last and isinstance(reply, Token):
-            return reply
-        if not last and isinstance(reply, Hidden) and reply.hidden.shape == x.shape:
+        if (last and isinstance(reply, Token)) or (
+            not last and isinstance(reply, Hidden) and reply.hidden.shape == x.shape
+        ):
+            hop.pending_restore = 0
             return reply
         raise _HopFailed(
             hop.span, ProtocolError(f"peer {hop.peer_id[:12]}… answered a bad {type(reply).__name__}")
@@ -268,8 +305,10 @@ class RouteSession:
 
     # -- failover ----------------------------------------------------------------------------------
 
-    async def _fail_over(self, i: int, error: SwarmError, t_start: float) -> None:
-        """Replace hop i by new hops for its layers, caught up to `self.pos` by replay."""
+    async def _fail_over(self, i: int, error: SwarmError, t_start: float) -> bool:
+        """Replace hop i by new hops for its layers, caught up to `self.pos` by replay (after the
+        longest prefix they can restore). Returns True when the whole route had to be rebuilt
+        instead (the caller reruns the step from the first hop)."""
         hop = self._hops[i]
         if len(self.telemetry.failovers) >= self.policy.max_failovers:
             raise SwarmError(
@@ -282,23 +321,50 @@ class RouteSession:
         closing = asyncio.ensure_future(hop.link.close())
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
-        rows = np.concatenate(hop.inputs) if hop.inputs else None
+        rows = np.concatenate(hop.inputs)[: self.pos - hop.base] if hop.inputs else None
         hop.inputs.clear()
         event = FailoverEvent(hop.peer_id, hop.span.start, hop.span.end, reason, str(error), self.pos)
         self.telemetry.failovers.append(event)
         # The snapshot this generation planned from is seconds old and already lists the failed hop's
         # peers of the same span: re-plan from it, and read the DHT only if it has no replacement.
-        new = await self._open_stretch(hop.span.start, hop.span.end, rows, fresh=False)
-        self._hops[i : i + 1] = new
+        rebuilt = False
+        try:
+            new = await self._open_stretch(hop.span.start, hop.span.end, rows, fresh=False, base=hop.base)
+            self._hops[i : i + 1] = new
+        except _CannotRestore:
+            new, rebuilt = await self._rebuild(), True
+            self._hops = new
         self.telemetry.route = [h.telemetry for h in self._hops]
-        event.replayed_tokens = 0 if rows is None else int(rows.shape[0])
+        event.restored_tokens = min(h.base for h in new)
+        event.replayed_tokens = self.pos - event.restored_tokens if rows is not None or rebuilt else 0
         event.replacements = [h.peer_id for h in new]
         event.stall_ms = (self._now() - t_start) * 1000.0
+        return rebuilt
 
-    async def _open_stretch(self, start: int, end: int, rows: np.ndarray | None, fresh: bool) -> list[_Hop]:
-        """Open hops chaining layers [start, end) and replay `rows` (positions 0..) through them.
+    async def _rebuild(self) -> list[_Hop]:
+        """Close every hop and open a new route over all layers, replayed from the first hop's rows."""
+        first = self._hops[0]
+        recorded = np.concatenate(first.inputs)[: self.pos - first.base] if first.inputs else None
+        parts = [self._prefix_rows(first.base)] if first.base else []
+        rows = (
+            np.concatenate(parts + ([recorded] if recorded is not None else []))
+            if parts or recorded is not None
+            else None
+        )
+        for h in self._hops:
+            h.inputs.clear()
+            await self._drop(h.link)
+        return await self._open_stretch(0, self.spec.n_layers, rows, fresh=False, base=0)
+
+    async def _open_stretch(
+        self, start: int, end: int, rows: np.ndarray | None, fresh: bool, base: int = 0
+    ) -> list[_Hop]:
+        """Open hops chaining layers [start, end) and replay `rows` (positions base..) through them,
+        after the longest prefix all of them can restore (see `_restore_point`).
         `fresh`: plan the first attempt from a new DHT read (later attempts always read anew). Up to
-        max_open_attempts plans, with backoff between them; the last NoRoute is raised as it is."""
+        max_open_attempts plans, with backoff between them; the last NoRoute is raised as it is.
+        Raises:
+            _CannotRestore: base > 0 and the new hops cannot restore a prefix of at least `base`."""
         last_error: SwarmError | None = None
         for attempt in range(self.policy.max_open_attempts):
             await self._sleep(backoff_s(attempt, self.policy, self._rng))
@@ -313,9 +379,19 @@ class RouteSession:
             try:
                 for h in hops:
                     opened.append(await self._open_hop(h, spans[h.peer_id]))
-                if rows is not None:
-                    await self._replay(opened, rows)
+                restore = self._restore_point(opened, base)
+                for h in opened:
+                    h.base = h.pending_restore = restore
+                    h.telemetry.reused_tokens = restore
+                if rows is None:
+                    self.pos = max(self.pos, restore)
+                elif restore < self.pos:
+                    await self._replay(opened, rows[restore - base :], restore)
                 return opened
+            except _CannotRestore:
+                for h in opened:
+                    await self._drop(h.link)
+                raise
             except _HopFailed as f:
                 last_error = f.error
                 self.telemetry.retries += 1
@@ -369,6 +445,26 @@ class RouteSession:
         )
         return plan.hops, {s.peer_id: s for s in spans}
 
+    def _restore_point(self, hops: list[_Hop], base: int) -> int:
+        """The prefix new hops start from: the largest length all of them can restore in
+        [base, pos] (below the whole prompt), else 0 when base is 0.
+
+        Raises:
+            _CannotRestore: base > 0 and no such length (rows before `base` were never recorded).
+        """
+        if not self._offers:
+            if base:
+                raise _CannotRestore()
+            return 0
+        usable = [
+            frozenset(n for n in h.restorable if base <= n <= self.pos or (base == 0 and self.pos == 0))
+            for h in hops
+        ]
+        restore = choose_restore(usable, below=self._offers[-1][0])
+        if base and restore < base:
+            raise _CannotRestore()
+        return restore
+
     async def _open_hop(self, h: Hop, span: PeerSpan) -> _Hop:
         spec = self.spec
         frame = Open(
@@ -379,6 +475,7 @@ class RouteSession:
             end=h.end,
             max_tokens=spec.n_tokens,
             sampling=spec.sampling,
+            prefixes=self._offers,
         )
         try:
             link = await self._transport.connect(h.peer_id, self.policy.open_timeout_s)
@@ -393,13 +490,15 @@ class RouteSession:
         except _HopFailed:
             await self._drop(link)
             raise
+        hop.restorable = frozenset(reply.restorable)
+        hop.telemetry.fetched_from = reply.fetched_from
         return hop
 
-    async def _replay(self, hops: list[_Hop], rows: np.ndarray) -> None:
-        """Send `rows` (positions 0..) through `hops` in chunks, recording each hop's inputs."""
+    async def _replay(self, hops: list[_Hop], rows: np.ndarray, start: int = 0) -> None:
+        """Send `rows` (positions start..) through `hops` in chunks, recording each hop's inputs."""
         chunk = self.policy.replay_chunk_tokens
-        for pos0 in range(0, rows.shape[0], chunk):
-            x = rows[pos0 : pos0 + chunk]
+        for i in range(0, rows.shape[0], chunk):
+            x, pos0 = rows[i : i + chunk], start + i
             for hop in hops:
                 reply = await self._forward(hop, pos0, x)
                 hop.inputs.append(x)

@@ -20,6 +20,8 @@ class HopTelemetry:
         network_ms: round-trip time minus compute time, summed over steps.
         bytes_sent, bytes_received: frame bytes to and from the peer.
         steps: frames exchanged (prefill chunks + decode steps).
+        reused_tokens: prompt tokens the hop restored from a prefix snapshot instead of computing.
+        fetched_from: peer id the hop fetched that snapshot from during Open ("": its own, or none).
     """
 
     peer_id: str
@@ -30,6 +32,8 @@ class HopTelemetry:
     bytes_sent: int = 0
     bytes_received: int = 0
     steps: int = 0
+    reused_tokens: int = 0
+    fetched_from: str = ""
 
 
 @dataclass
@@ -43,6 +47,7 @@ class FailoverEvent:
         message: the failure as the client saw it.
         position: tokens in the session when it failed.
         replayed_tokens: recorded inputs replayed on the replacement hops.
+        restored_tokens: the prefix the replacement hops restored from snapshots instead.
         replacements: peer ids of the new hops, in layer order.
         stall_ms: from the failing step's start at this hop to the replacement being caught up
             (detection + re-plan + open + replay), ms.
@@ -55,6 +60,7 @@ class FailoverEvent:
     message: str
     position: int
     replayed_tokens: int = 0
+    restored_tokens: int = 0
     replacements: list[str] = field(default_factory=list)
     stall_ms: float = 0.0
 
@@ -74,6 +80,7 @@ class GenerationTelemetry:
         retries: attempts to open a hop that failed and were retried on another peer (busy, gone).
         failovers: hops replaced mid-generation, with the stall each caused.
         finish_reason: "stop" (end of sequence or stop string), "length" (max_new_tokens).
+        reused_tokens: prompt tokens restored from prefix snapshots on every hop (not computed).
     """
 
     backend: str
@@ -87,6 +94,7 @@ class GenerationTelemetry:
     retries: int = 0
     failovers: list[FailoverEvent] = field(default_factory=list)
     finish_reason: str = ""
+    reused_tokens: int = 0
 
     def finalize(self, total_ms: float) -> None:
         """Fill `total_ms` and `decode_tokens_per_s` from the per-token latencies."""
@@ -107,6 +115,8 @@ class GenerationTelemetry:
             f"TTFT {self.ttft_ms:.0f} ms, {self.decode_tokens_per_s:.1f} tok/s, "
             f"total {self.total_ms:.0f} ms"
         )
+        if self.reused_tokens:
+            line += f", {self.reused_tokens} prompt tokens reused"
         for f in self.failovers:
             line += (
                 f"\n  failover [{f.start}:{f.end}) {f.peer_id[:12]}… ({f.reason}) at token {f.position}: "

@@ -1,6 +1,11 @@
-"""Turning generated tokens into text deltas that are always valid UTF-8, and stop strings.
+"""Text in and out of the tokenizer: input that must be UTF-8, output deltas that always are.
 
-A token's bytes can end in the middle of a multi-byte character (CJK, emoji); the incremental
+Input: `check_utf8` refuses text that cannot be encoded as UTF-8 (a lone surrogate such as
+"\\ud83d", or bytes that were not UTF-8 in argv or stdin, which Python decodes to U+DC80..U+DCFF);
+the tokenizer calls it on every prompt and chat message, so such text is a `RequestError`, never
+a UnicodeEncodeError from deep inside.
+
+Output: a token's bytes can end in the middle of a multi-byte character (CJK, emoji); the incremental
 decoder from `codecs` holds such a tail back until the character is complete, so every delta the
 user sees decodes on its own and the deltas concatenate to the final text.
 
@@ -11,6 +16,35 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Sequence
+
+from swarm.errors import RequestError
+
+
+def check_utf8(text: object, what: str) -> str:
+    """Return `text` if it is a str that encodes as UTF-8.
+
+    Args:
+        text: the user's text (prompt, chat message content, stop string).
+        what: what it is, for the message ("prompt", "message 2 content", ...).
+    Returns:
+        `text` unchanged.
+    Raises:
+        RequestError: not a str, or it holds a surrogate code point: either a byte that was not
+            UTF-8 (argv and stdin decode it to U+DC80..U+DCFF, named here as the original byte) or
+            a lone UTF-16 surrogate (half of a pair, e.g. "\\ud83d").
+    """
+    if not isinstance(text, str):
+        raise RequestError(f"{what} must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        cp = ord(text[e.start])
+        if 0xDC80 <= cp <= 0xDCFF:
+            detail = f"byte 0x{cp - 0xDC00:02x} at character {e.start} (is the terminal's encoding UTF-8?)"
+        else:
+            detail = f"lone surrogate U+{cp:04X} at character {e.start} (half of a UTF-16 pair)"
+        raise RequestError(f"{what} is not valid UTF-8 text: {detail}") from None
+    return text
 
 
 class DeltaDecoder:

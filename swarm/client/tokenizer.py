@@ -16,6 +16,7 @@ from pathlib import Path
 import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from swarm.client.text import check_utf8
 from swarm.errors import ModelError, RequestError
 
 _ROLES = {"system", "user", "assistant", "tool"}
@@ -37,7 +38,18 @@ def context_length(llama: llama_cpp.Llama) -> int:
 
 
 def load_llama(path: Path, **kwargs) -> llama_cpp.Llama:
-    """Load a GGUF with llama-cpp-python, turning its failures into `ModelError`."""
+    """Load a GGUF with llama-cpp-python, turning its failures into `ModelError`.
+
+    Raises:
+        ModelError: llama.cpp refused the file, or its path is not UTF-8 (llama-cpp-python passes
+            paths as UTF-8 text, so a Latin-1 file name cannot reach it).
+    """
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ModelError(
+            f"model path {path} is not UTF-8, which llama.cpp needs: rename the file or link it"
+        ) from None
     try:
         return llama_cpp.Llama(model_path=str(path), verbose=False, **kwargs)
     except (ValueError, RuntimeError) as e:
@@ -64,8 +76,12 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, with BOS when the model asks for it; special tokens are parsed
-        (as llama-cpp-python's `create_completion` does)."""
-        return self._llama.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        (as llama-cpp-python's `create_completion` does).
+
+        Raises:
+            RequestError: `text` is not a str or not valid UTF-8 (`swarm.client.text.check_utf8`).
+        """
+        return self._llama.tokenize(check_utf8(text, "prompt").encode("utf-8"), add_bos=True, special=True)
 
     def piece(self, token: int) -> bytes:
         """The bytes of one generated token (may be part of a UTF-8 character)."""
@@ -95,19 +111,25 @@ class Tokenizer:
         Args:
             messages: [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...]
         Raises:
-            RequestError: no messages, a malformed message, or a model without a chat template.
+            RequestError: no messages, a malformed message, content that is not valid UTF-8, or a
+                model without a chat template.
         """
+        try:
+            messages = [] if isinstance(messages, (str, bytes, dict)) else list(messages)
+        except TypeError:
+            messages = []
         if not messages:
-            raise RequestError("chat needs at least one message")
-        for m in messages:
+            raise RequestError("chat needs a non-empty list of messages")
+        for i, m in enumerate(messages):
             if (
                 not isinstance(m, dict)
                 or m.get("role") not in _ROLES
                 or not isinstance(m.get("content"), str)
             ):
                 raise RequestError(
-                    f"malformed chat message {m!r}: need role in {sorted(_ROLES)} and str content"
+                    f"malformed chat message {m!r:.200}: need role in {sorted(_ROLES)} and str content"
                 )
+            check_utf8(m["content"], f"chat message {i} content")
         template = self._llama.metadata.get("tokenizer.chat_template")
         if not template:
             raise RequestError("this model has no chat template; use generate() with a plain prompt")
@@ -118,7 +140,7 @@ class Tokenizer:
             bos_token=self._text(bos),
         )
         try:
-            rendered = formatter(messages=list(messages))
+            rendered = formatter(messages=messages)
         except Exception as e:  # noqa: BLE001 - a template error must reach the user as one line
             raise RequestError(f"chat template failed: {e}") from e
         return self._llama.tokenize(

@@ -41,6 +41,7 @@ from swarm.dht.records import (
 )
 from swarm.dht.validation import SwarmRecordValidator, blob_name, check_announcement, owner_public_key
 from swarm.errors import ProtocolError, SwarmError
+from swarm.netaddr import NetConfig, check_net_config, reachable_first, tcp_multiaddr
 from swarm.p2p import SwarmP2P
 
 TOMBSTONE_TTL_S = 10.0
@@ -98,29 +99,35 @@ class SwarmDHT:
         data_dir: Optional[str | os.PathLike] = None,
         client_mode: bool = False,
         startup_timeout_s: float = 30.0,
+        public_address: Optional[str] = None,
     ) -> "SwarmDHT":
         """Start a DHT node (own process + p2pd) and join the swarm through `initial_peers`.
 
         Args:
             initial_peers: multiaddrs with /p2p/<id> of live peers; empty starts a new swarm.
-            host, port: TCP listen address; port 0 picks a free port.
+            host, port: TCP listen address, an IPv4 or IPv6 literal (a wildcard listens on every
+                interface and advertises each interface address); port 0 picks a free port.
             data_dir: where the identity lives (swarm.dht.identity.resolve_data_dir when None).
             client_mode: dial out only, store nothing for others (behind NAT, or a pure client).
             startup_timeout_s: give up after this many seconds.
+            public_address: the only address advertised to others (a NAT's public IP); needs port != 0.
         Raises:
+            AddressError: host, port or public_address unusable (checked before anything starts).
             IdentityError: the data directory or its key is unusable.
             DHTError: the node did not start (malformed bootstrap address, identity already online, ...).
         """
+        net = check_net_config(NetConfig(host=host, port=port, public_address=public_address))
         for addr in initial_peers:
             check_peer_maddr(addr)
         identity = load_or_create_identity(data_dir)
         signer = RSASignatureValidator(identity.private_key)
-        proto = "ip6" if ":" in host else "ip4"
+        announce = None if net.public_address is None else [tcp_multiaddr(net.public_address, net.port)]
         dht = hivemind.DHT(
             initial_peers=list(initial_peers),
             start=False,
             client_mode=client_mode,
-            host_maddrs=[f"/{proto}/{host}/tcp/{port}"],
+            host_maddrs=[tcp_multiaddr(net.host, net.port)],
+            announce_maddrs=announce,
             identity_path=str(identity.identity_path),
             record_validators=[signer, SwarmRecordValidator()],
             startup_timeout=startup_timeout_s,
@@ -129,6 +136,7 @@ class SwarmDHT:
             dht.run_in_background(await_ready=False)
             await asyncio.to_thread(dht.wait_until_ready, startup_timeout_s)
             maddrs = [str(m) for m in await asyncio.to_thread(dht.get_visible_maddrs)]
+            maddrs = reachable_first(maddrs)
             transport = await SwarmP2P.create(await dht.replicate_p2p())
         except Exception as e:  # hivemind raises P2PDaemonError, ValueError, TimeoutError, ... here
             if dht.is_alive():
@@ -144,7 +152,8 @@ class SwarmDHT:
         return self.identity.peer_id
 
     def visible_maddrs(self) -> list[str]:
-        """Multiaddrs other peers can dial, each ending in /p2p/<peer_id>."""
+        """Multiaddrs other peers can dial, each ending in /p2p/<peer_id>; for a wildcard host one per
+        interface address, loopback ones last; with a public address, only it."""
         return list(self._maddrs)
 
     async def announce(self, ann: Announcement, expiration_s: float) -> Announcement:
@@ -293,7 +302,8 @@ def check_peer_maddr(addr: str) -> None:
         PeerID.from_base58(maddr.value_for_protocol("p2p"))
     except Exception as e:  # noqa: BLE001 - multiaddr and base58 raise assorted types for bad text
         raise DHTError(
-            f"bad initial peer address {addr!r}: expected /ip4/HOST/tcp/PORT/p2p/PEER_ID ({_first_line(e)})"
+            f"bad initial peer address {addr!r:.200}: expected /ip4/HOST/tcp/PORT/p2p/PEER_ID or "
+            f"/ip6/HOST/tcp/PORT/p2p/PEER_ID ({_first_line(e)})"
         ) from e
 
 
@@ -302,17 +312,23 @@ def _first_line(e: BaseException) -> str:
 
 
 def run_dht_only(
-    initial_peers: Sequence[str], host: str, port: int, data_dir: Optional[str | os.PathLike]
+    initial_peers: Sequence[str],
+    host: str,
+    port: int,
+    data_dir: Optional[str | os.PathLike],
+    public_address: Optional[str] = None,
 ) -> None:
     """`swarm dht`: run a DHT-only peer, print its multiaddrs one per line on stdout, block until
     SIGINT/SIGTERM, then shut down cleanly.
 
     Raises:
-        IdentityError, DHTError: as SwarmDHT.start.
+        AddressError, IdentityError, DHTError: as SwarmDHT.start.
     """
 
     async def main() -> None:
-        node = await SwarmDHT.start(initial_peers, host=host, port=port, data_dir=data_dir)
+        node = await SwarmDHT.start(
+            initial_peers, host=host, port=port, data_dir=data_dir, public_address=public_address
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer
@@ -40,7 +41,7 @@ def owner_public_key(subkey: Any) -> Optional[RSAPublicKey]:
         return None
     try:
         return RSAPublicKey.from_bytes(found[0])
-    except ValueError:
+    except (ValueError, TypeError, UnsupportedAlgorithm):  # e.g. "ssh-foo AAAA": an unknown key type
         return None
 
 

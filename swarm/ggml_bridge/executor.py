@@ -215,7 +215,7 @@ class SpanExecutor:
         written = ctypes.c_size_t(0)
         rc = self._so.swarm_span_state_get(h, seq_id, buf, cap, ctypes.byref(written))
         self._call(rc, f"export {seq_id}")
-        return bytes(buf[: written.value])
+        return ctypes.string_at(buf, written.value)  # one copy (slicing a ctypes array builds a list)
 
     def import_seq(self, seq_id: int, data: bytes) -> None:
         """Load bytes from `export_seq` of an executor on the same span file into an empty `seq_id`.

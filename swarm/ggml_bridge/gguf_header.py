@@ -4,6 +4,12 @@
 peers and clients only need a few scalars and tensor locations, so this scanner skips arrays
 without materialising them. Only the header is read: it works on sparse, partially downloaded files.
 
+Bounds (a malformed or hostile file is refused, never followed): at most MAX_GGUF_KV keys,
+MAX_GGUF_TENSORS tensors of at most MAX_GGUF_TENSOR_DIMS dims, MAX_GGUF_ARRAY_LEN elements per
+array (swarm.limits); every length is checked against the file's end before it is used; the
+alignment is a power of two. Memory is linear in the number of keys and tensors; time is linear in
+the header's size.
+
 This module does not read tensor data and does not validate tensor contents.
 """
 
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.errors import ModelError
+from swarm.limits import MAX_GGUF_ARRAY_LEN, MAX_GGUF_KV, MAX_GGUF_TENSOR_DIMS, MAX_GGUF_TENSORS
 
 _SCALAR_FMT = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
@@ -49,15 +56,21 @@ def scan(path: Path) -> GGUFHeader:
     """Read the header of the GGUF at `path`.
 
     Raises:
-        ModelError: unreadable, not GGUF v2/v3, or a truncated/malformed header.
+        ModelError: unreadable or empty, not GGUF v2/v3, a truncated header, text that is not
+            UTF-8, an unknown value type, or a count, length or alignment out of bounds. Nothing
+            else escapes.
     """
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            return _parse(m)
-    except (OSError, ValueError) as e:
+        f = open(path, "rb")
+    except OSError as e:
         raise ModelError(f"cannot read GGUF header of {path}: {e}") from e
-    except (struct.error, IndexError, UnicodeDecodeError) as e:
-        raise ModelError(f"malformed GGUF header in {path}: {e}") from e
+    try:
+        with f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return _parse(m)
+    except OSError as e:
+        raise ModelError(f"cannot read GGUF header of {path}: {e}") from e
+    except (struct.error, ValueError, IndexError, OverflowError) as e:  # UnicodeDecodeError is a ValueError
+        raise ModelError(f"malformed GGUF header in {path}: {str(e)[:200]}") from e
 
 
 def _parse(m: mmap.mmap) -> GGUFHeader:
@@ -66,6 +79,8 @@ def _parse(m: mmap.mmap) -> GGUFHeader:
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
     if version not in (2, 3):
         raise ValueError(f"unsupported GGUF version {version}")
+    if n_kv > MAX_GGUF_KV or n_tensors > MAX_GGUF_TENSORS:
+        raise ValueError(f"{n_kv} keys / {n_tensors} tensors: over {MAX_GGUF_KV} / {MAX_GGUF_TENSORS}")
     pos = 24
     scalars: dict[str, object] = {}
     arrays: dict[str, int] = {}
@@ -74,6 +89,8 @@ def _parse(m: mmap.mmap) -> GGUFHeader:
         (vtype,), pos = struct.unpack_from("<I", m, pos), pos + 4
         if vtype == _ARRAY:
             (sub, length), pos = struct.unpack_from("<IQ", m, pos), pos + 12
+            if length > MAX_GGUF_ARRAY_LEN:
+                raise ValueError(f"array {key[:64]!r} of {length} elements: over {MAX_GGUF_ARRAY_LEN}")
             arrays[key] = length
             pos = _skip_array(m, pos, sub, length)
         else:
@@ -83,12 +100,16 @@ def _parse(m: mmap.mmap) -> GGUFHeader:
     for _ in range(n_tensors):
         name, pos = _string(m, pos)
         (n_dims,), pos = struct.unpack_from("<I", m, pos), pos + 4
+        if n_dims > MAX_GGUF_TENSOR_DIMS:
+            raise ValueError(f"tensor {name[:64]!r} has {n_dims} dims: over {MAX_GGUF_TENSOR_DIMS}")
         dims = struct.unpack_from(f"<{n_dims}Q", m, pos)
         pos += 8 * n_dims
         ggml_type, offset = struct.unpack_from("<IQ", m, pos)
         pos += 12
         raw.append((name, ggml_type, dims, offset))
-    align = int(scalars.get(_ALIGNMENT_KEY, 32))
+    align = scalars.get(_ALIGNMENT_KEY, 32)
+    if not isinstance(align, int) or isinstance(align, bool) or align < 1 or align & (align - 1):
+        raise ValueError(f"{_ALIGNMENT_KEY} must be a power of two, got {align!r:.40}")
     data_start = (pos + align - 1) // align * align
     for name, ggml_type, dims, offset in raw:
         tensors[name] = TensorEntry(ggml_type=ggml_type, dims=tuple(dims), offset=data_start + offset)
@@ -115,10 +136,16 @@ def _value(m: mmap.mmap, pos: int, vtype: int) -> tuple[object, int]:
 def _skip_array(m: mmap.mmap, pos: int, sub: int, length: int) -> int:
     if sub == _STRING:
         for _ in range(length):
-            (n,) = struct.unpack_from("<Q", m, pos)
+            (n,) = struct.unpack_from("<Q", m, pos)  # struct.error once pos is past the end
             pos += 8 + n
-        return pos
+        return _within(m, pos)
     fmt = _SCALAR_FMT.get(sub)
     if fmt is None:
         raise ValueError(f"unsupported GGUF array element type {sub}")
-    return pos + length * struct.calcsize(fmt)
+    return _within(m, pos + length * struct.calcsize(fmt))
+
+
+def _within(m: mmap.mmap, pos: int) -> int:
+    if pos > len(m):
+        raise IndexError("array runs past the end of the file")
+    return pos

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import swarm
 from swarm.dht.node import SwarmDHT
-from swarm.dht.records import Announcement
+from swarm.dht.records import MAX_ADDRS, Announcement
 from swarm.errors import SwarmError
 from swarm.wire import PROTOCOL_GENERATION
 
@@ -53,7 +53,7 @@ class Announcer:
         s = self._rt.sessions
         return Announcement(
             peer_id=self._dht.peer_id,
-            addrs=tuple(self._dht.visible_maddrs()),
+            addrs=tuple(self._dht.visible_maddrs()[:MAX_ADDRS]),  # a host with many interfaces has more
             model_id=self._rt.model_id,
             start=self._rt.start,
             end=self._rt.end,

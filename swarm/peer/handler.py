@@ -13,6 +13,11 @@ handing a step to another thread and back costs ~0.26 ms of wake-ups (measured; 
 overhead of a decode step fell from 0.41 to 0.16 ms). A multi-threaded executor keeps every call on
 its one thread: OpenMP keeps a worker team per calling thread, and two teams spin against each
 other (measured: 2-thread swarm decode fell from 39 to 33 tokens/s on Qwen 0.5B).
+
+Prefix snapshots (swarm/peer/snapshots.py): an `Open` may offer prefix hashes; the peer answers
+which lengths it can restore (`OpenOk.restorable`). A first `Forward` with `restore` imports the
+snapshot into the session's sequence and truncates it to that length before computing its rows;
+a prefill that reaches the whole offered prompt is exported and kept as a new snapshot.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.sessions import SessionSlot, SessionTable
 from swarm.p2p import StreamSession
 from swarm.peer.rebalance import Drain
+from swarm.kv.prefix import owner_scoped
+from swarm.peer.snapshots import PrefixService
 from swarm.sampling import SamplingParams, sample
 from swarm.wire import (
     Close,
@@ -56,6 +63,15 @@ OPEN_TIMEOUT_S = 30.0
 
 
 @dataclass
+class _Prefixes:
+    """One session's prefix offers and what this peer can restore of them (n → snapshot hash)."""
+
+    offers: tuple[tuple[int, bytes], ...]
+    restorable: dict[int, bytes]
+    kept: bool = False
+
+
+@dataclass
 class SpanRuntime:
     """What every stream of one served span shares.
 
@@ -70,6 +86,7 @@ class SpanRuntime:
         shutting_down: set on SIGTERM; new sessions are refused with SHUTTING_DOWN.
         streams: live stream handlers, so shutdown can tell their clients.
         drain: set while the peer drains to move its span; new sessions are refused with BUSY.
+        prefixes: prefix snapshots of this span, or None when the peer keeps none.
     """
 
     model_id: str
@@ -83,6 +100,7 @@ class SpanRuntime:
     shutting_down: bool = False
     streams: set = field(default_factory=set)
     drain: Drain = field(default_factory=Drain)
+    prefixes: PrefixService | None = None
 
     async def run(self, fn, *args, n_tokens: int = 0):
         """Run a blocking executor call, one at a time: inline when it is short (at most
@@ -101,7 +119,7 @@ async def handle_stream(rt: SpanRuntime, stream: StreamSession) -> None:
         opened = await _open(rt, stream)
         if opened is None:
             return
-        slot, sampling = opened
+        slot, sampling, prefixes = opened
         while True:
             data = await stream.recv(rt.idle_timeout_s)  # idle past the timeout: PeerUnreachable ends it
             try:
@@ -112,7 +130,7 @@ async def handle_stream(rt: SpanRuntime, stream: StreamSession) -> None:
             if isinstance(frame, Close):
                 return
             try:
-                reply = await _dispatch(rt, slot, sampling, frame)
+                reply = await _dispatch(rt, slot, sampling, frame, prefixes)
             except (RequestError, ExecutorError) as e:
                 reply = Error(ErrorCode.BAD_REQUEST, str(e))
             await stream.send(encode_frame(reply))
@@ -124,7 +142,9 @@ async def handle_stream(rt: SpanRuntime, stream: StreamSession) -> None:
             rt.drain.session_ended(len(rt.sessions))
 
 
-async def _open(rt: SpanRuntime, stream: StreamSession) -> tuple[SessionSlot, SamplingParams] | None:
+async def _open(
+    rt: SpanRuntime, stream: StreamSession
+) -> tuple[SessionSlot, SamplingParams, _Prefixes] | None:
     data = await stream.recv(OPEN_TIMEOUT_S)
     try:
         frame = decode_frame(data)
@@ -164,23 +184,73 @@ async def _open(rt: SpanRuntime, stream: StreamSession) -> tuple[SessionSlot, Sa
         await rt.run(rt.executor.clear, seq_id)
     # A seq id can come back from a session that ended abnormally; start from an empty cache.
     await rt.run(rt.executor.clear, admission.slot.seq_id)
-    await stream.send(encode_frame(OpenOk(reserved_tokens=admission.slot.reserved_tokens)))
-    return admission.slot, frame.sampling
+    prefixes, fetched_from = _Prefixes(owner_scoped(frame.prefixes, stream.remote_peer_id), {}), ""
+    if frame.prefixes and rt.prefixes is not None:
+        prefixes.restorable, fetched = await rt.prefixes.prepare(prefixes.offers)
+        fetched_from = fetched.peer_id if fetched is not None else ""
+    restorable = (
+        tuple(sorted(n for n in prefixes.restorable if n < frame.prefixes[-1][0])) if frame.prefixes else ()
+    )
+    ok = OpenOk(
+        reserved_tokens=admission.slot.reserved_tokens, restorable=restorable, fetched_from=fetched_from
+    )
+    await stream.send(encode_frame(ok))
+    return admission.slot, frame.sampling, prefixes
 
 
-async def _dispatch(rt: SpanRuntime, slot: SessionSlot, sampling: SamplingParams, frame):
+async def _dispatch(rt: SpanRuntime, slot: SessionSlot, sampling: SamplingParams, frame, prefixes: _Prefixes):
     if isinstance(frame, Forward):
+        if frame.restore:
+            await _restore(rt, slot, frame.restore, prefixes)
         rt.sessions.check_forward(slot, frame.pos0, frame.n_tokens)
         if frame.hidden.shape[1] != rt.executor.n_embd:
             raise RequestError(f"hidden size {frame.hidden.shape[1]} != span's {rt.executor.n_embd}")
         reply = await rt.run(_compute, rt.executor, slot.seq_id, frame, sampling, n_tokens=frame.n_tokens)
         rt.sessions.advance(slot, frame.n_tokens, time.monotonic())
+        if (
+            rt.prefixes is not None
+            and prefixes.offers
+            and not prefixes.kept
+            and slot.pos == prefixes.offers[-1][0]
+        ):
+            prefixes.kept = True  # the whole offered prompt is in the cache: keep it once
+            if rt.prefixes.wants(prefixes.offers):
+                kv = await rt.run(rt.executor.export_seq, slot.seq_id, n_tokens=slot.pos)
+                rt.prefixes.keep(prefixes.offers, kv)
         return reply
     if isinstance(frame, Truncate):
         rt.sessions.truncate(slot, frame.pos)
         await rt.run(rt.executor.truncate, slot.seq_id, frame.pos)
         return OpenOk(reserved_tokens=slot.reserved_tokens)
     raise RequestError(f"unexpected {type(frame).__name__} frame in an open session")
+
+
+async def _restore(rt: SpanRuntime, slot: SessionSlot, n: int, prefixes: _Prefixes) -> None:
+    """Load the snapshot that covers prefix length `n` into the session's empty sequence.
+
+    Raises:
+        RequestError: not the session's first step, `n` was not offered as restorable, or the
+            snapshot was evicted since Open or could not be imported (the sequence stays empty).
+    """
+    if slot.pos != 0:
+        raise RequestError(f"restore only on a session's first step (the session is at {slot.pos})")
+    snapshot_hash = prefixes.restorable.get(n)
+    kv = rt.prefixes.snapshot_kv(snapshot_hash) if rt.prefixes is not None and snapshot_hash else None
+    if kv is None:
+        raise RequestError(f"prefix of {n} tokens is not restorable here (evicted or never offered)")
+
+    def load() -> None:
+        try:
+            rt.executor.import_seq(slot.seq_id, kv)
+            rt.executor.truncate(slot.seq_id, n)
+            if rt.executor.pos_max(slot.seq_id) != n - 1:
+                raise ExecutorError(f"snapshot holds {rt.executor.pos_max(slot.seq_id) + 1} tokens, not {n}")
+        except ExecutorError:
+            rt.executor.clear(slot.seq_id)
+            raise
+
+    await rt.run(load, n_tokens=n)
+    rt.sessions.advance(slot, n, time.monotonic())
 
 
 def _compute(executor: SpanExecutor, seq_id: int, frame: Forward, sampling: SamplingParams):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import sys
 import time
@@ -24,22 +25,30 @@ from pathlib import Path
 import numpy as np
 
 from swarm.artifacts.distribute import acquire, find_manifest, publish, span_ranges
+from swarm.arch import arch_row
 from swarm.artifacts.session import ArtifactSession, SessionConfig
 from swarm.dht.identity import resolve_data_dir
 from swarm.dht.node import SwarmDHT
+from swarm.dht.records import MAX_PUBLIC_NAME_CHARS
 from swarm.errors import SwarmError
 from swarm.ggml_bridge.executor import SpanExecutor
+from swarm.kv.prefix import PREFIX_BLOCK_TOKENS
 from swarm.kv.sessions import SessionTable
+from swarm.kv.snapshot import local_format
+from swarm.kv.snapshot_store import SnapshotStore
+from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model
+from swarm.netaddr import NetConfig, bt_hosts, check_net_config
 from swarm.peer.announce import Announcer, Throughput
 from swarm.kv.budget import SpanBudget, span_budget
 from swarm.peer.handler import SPAN_PROTOCOL, SpanRuntime, handle_stream
 from swarm.peer.rebalance import Rebalancer
+from swarm.peer.snapshots import SNAPSHOT_PROTOCOL, PrefixService
 from swarm.route.placement import choose_span
 from swarm.route.plan import PeerSpan
 from swarm.route.snapshot import peer_spans
-from swarm.wire import Error, ErrorCode, encode_frame
+from swarm.wire import MAX_LAYERS, Error, ErrorCode, encode_frame
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +65,11 @@ class ServeConfig:
             tensors are fetched from the swarm).
         layers: (start, end) global half-open span, or None to pick the least-covered span.
         initial_peers: multiaddrs to join through; empty with new_swarm starts a swarm.
-        host, port: libp2p listen address (port 0: any free port).
+        host, port: listen address (IPv4 or IPv6 literal; a wildcard listens on every interface and
+            advertises each interface address) and libp2p port (0: any free port).
+        bt_port: BitTorrent port on the same host (0: any free port, the same on every interface).
+        public_address: the only address advertised (libp2p and BitTorrent), e.g. a NAT's public
+            IP that forwards `port` and `bt_port` here; needs a fixed `port`.
         data_dir: peer identity directory (None: $SWARM_HOME or the XDG data dir).
         max_sessions: concurrent sessions (llama.cpp sequences).
         cache_tokens: KV-cache tokens shared by all sessions.
@@ -67,6 +80,10 @@ class ServeConfig:
         announce_period_s: seconds between announcement refreshes; records expire after 2.5 periods.
         public_name: optional display name in the announcement.
         rebalance_period_s: seconds between re-evaluations of a chosen span (0: never move).
+        prefix_cache_bytes: memory budget for prefix KV snapshots (0: keep none, restore none).
+        prefix_disk_bytes: disk budget for snapshots evicted from memory (0: no disk tier); files
+            live in <data dir>/snapshots/.
+        debug_tamper_snapshots: test hook: damage served snapshots this way (swarm.peer.snapshots.TAMPERS).
     """
 
     model: str
@@ -83,6 +100,55 @@ class ServeConfig:
     announce_period_s: float = 30.0
     public_name: str | None = None
     rebalance_period_s: float = 600.0
+    prefix_cache_bytes: int = 256 << 20
+    prefix_disk_bytes: int = 0
+    debug_tamper_snapshots: str | None = None
+    bt_port: int = 0
+    public_address: str | None = None
+
+
+def check_config(cfg: ServeConfig) -> NetConfig:
+    """Refuse a config that cannot serve, before anything starts; return its checked addresses.
+
+    Raises:
+        AddressError: host, ports or public address unusable (`swarm.netaddr.check_net_config`).
+        SwarmError: a count or period out of range, or a public name that is empty, too long, not
+            printable or not UTF-8.
+    """
+    net = check_net_config(NetConfig(cfg.host, cfg.port, cfg.bt_port, cfg.public_address))
+    for name, value, lo, hi in (
+        ("max_sessions", cfg.max_sessions, 1, 256),
+        ("cache_tokens", cfg.cache_tokens, 1, MAX_CONTEXT_TOKENS),
+        ("threads", cfg.n_threads, 1, 1024),
+        ("memory_bytes", cfg.memory_bytes, 0, 1 << 60),
+        ("max_layers", 1 if cfg.max_layers is None else cfg.max_layers, 1, MAX_LAYERS),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            raise SwarmError(f"{name} must be an integer in [{lo}, {hi}], got {value!r:.40}")
+    for name, value, zero_ok in (
+        ("announce_period_s", cfg.announce_period_s, False),
+        ("rebalance_period_s", cfg.rebalance_period_s, True),
+    ):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not 0 <= value < math.inf or (value == 0 and not zero_ok):
+            bound = ">= 0" if zero_ok else "> 0"
+            raise SwarmError(f"{name} must be a finite number of seconds {bound}, got {value!r:.40}")
+    if cfg.public_name is not None and not _printable_utf8(cfg.public_name, MAX_PUBLIC_NAME_CHARS):
+        raise SwarmError(
+            f"public name must be printable UTF-8 text of 1..{MAX_PUBLIC_NAME_CHARS} characters, "
+            f"got {cfg.public_name!r:.80}"
+        )
+    return net
+
+
+def _printable_utf8(text: object, max_chars: int) -> bool:
+    if not isinstance(text, str) or not 1 <= len(text) <= max_chars or not text.isprintable():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def serve(
@@ -91,14 +157,32 @@ async def serve(
     """Run a peer until `stop` is set (or SIGINT/SIGTERM when `stop` is None).
 
     Raises:
-        SwarmError: the model, span or DHT could not be set up (before serving starts).
+        AddressError: host, ports or public address unusable (before anything starts).
+        SwarmError: the config, model, span, BitTorrent port or DHT could not be set up (before
+            serving starts; whatever started is stopped again).
     """
+    net = check_config(cfg)
     local_path = None if is_model_id(cfg.model) else resolve_model(cfg.model, progress=True)
-    if local_path is not None and cfg.layers is not None:
-        _check_span(build_manifest(local_path), *cfg.layers)  # before anything is announced or printed
-    dht = await SwarmDHT.start(cfg.initial_peers, host=cfg.host, port=cfg.port, data_dir=cfg.data_dir)
-    artifacts = ArtifactSession(SessionConfig(listen_host=cfg.host))
+    if local_path is not None:
+        manifest = build_manifest(local_path)  # before anything is announced or printed
+        arch_row(manifest.arch)
+        if cfg.layers is not None:
+            _check_span(manifest, *cfg.layers)
+    # BitTorrent first: a port in use fails before the DHT node (its own process) starts.
+    artifacts = ArtifactSession(SessionConfig(listen_host=net.host, listen_port=net.bt_port))
     try:
+        dht = await SwarmDHT.start(
+            cfg.initial_peers,
+            host=net.host,
+            port=net.port,
+            data_dir=cfg.data_dir,
+            public_address=net.public_address,
+        )
+    except BaseException:
+        artifacts.close()
+        raise
+    try:
+        artifacts.advertise(bt_hosts(net, dht.visible_maddrs()))
         for maddr in dht.visible_maddrs():
             print(maddr, flush=True)
         path, manifest, (start, end), publication = await _obtain_model(cfg, dht, artifacts, local_path)
@@ -110,6 +194,8 @@ async def serve(
             executor=executor,
             sessions=SessionTable(cfg.max_sessions, cfg.cache_tokens, idle_timeout_s=600.0),
         )
+        if cfg.prefix_cache_bytes > 0:
+            rt.prefixes = _prefix_service(cfg, dht, manifest, start, end)
         throughput = await rt.run(measure_throughput, executor, n_tokens=64)
         logger.info(
             "span [%d, %d): %.1f decode steps/s, %.0f prefill tokens/s",
@@ -119,6 +205,10 @@ async def serve(
             throughput.prefill_tokens_per_s,
         )
         await dht.transport.serve(SPAN_PROTOCOL, partial(handle_stream, rt))
+        if rt.prefixes is not None:
+            await dht.transport.serve(
+                SNAPSHOT_PROTOCOL, partial(_serve_snapshot, rt, cfg.debug_tamper_snapshots)
+            )
         announcer = Announcer(dht, rt, throughput, cfg.announce_period_s, cfg.public_name)
         await announcer.announce_once()
         print(
@@ -129,6 +219,8 @@ async def serve(
         if ready is not None:
             ready.set()
         tasks = [asyncio.create_task(publication.refresh_forever(dht))]
+        if rt.prefixes is not None:
+            tasks.append(asyncio.create_task(rt.prefixes.publish_forever(cfg.announce_period_s)))
         if cfg.layers is None and cfg.rebalance_period_s > 0:
             mover = _Mover(cfg, dht, artifacts, path, manifest, rt, announcer)
             tasks.append(asyncio.create_task(mover.rebalancer().run()))
@@ -170,6 +262,34 @@ async def _fetch_span(cfg: ServeConfig, dht: SwarmDHT, artifacts: ArtifactSessio
     )
     await publication.store(dht)
     return path, publication
+
+
+def _prefix_service(
+    cfg: ServeConfig, dht: SwarmDHT, manifest: Manifest, start: int, end: int
+) -> PrefixService:
+    disk_dir = resolve_data_dir(cfg.data_dir) / "snapshots" if cfg.prefix_disk_bytes > 0 else None
+    if disk_dir is not None:
+        for stale in disk_dir.glob("*.kv"):  # the disk tier is a cache of one run
+            stale.unlink(missing_ok=True)
+    store = SnapshotStore(cfg.prefix_cache_bytes, disk_dir, cfg.prefix_disk_bytes)
+    fmt = local_format(flash_attn=True, ubatch_tokens=PREFIX_BLOCK_TOKENS)
+    return PrefixService(
+        store,
+        fmt,
+        manifest.model_id,
+        start,
+        end,
+        dht.identity.private_key,
+        dht,
+        max_kv_bytes=max(cfg.prefix_cache_bytes, cfg.prefix_disk_bytes),
+    )
+
+
+async def _serve_snapshot(rt: SpanRuntime, tamper: str | None, stream) -> None:
+    if rt.prefixes is None:
+        await stream.close()
+        return
+    await rt.prefixes.serve_fetch(stream, tamper)
 
 
 def _budget(cfg: ServeConfig, manifest: Manifest) -> SpanBudget:
@@ -241,6 +361,7 @@ async def _load(cfg: ServeConfig, path: Path, manifest: Manifest, start: int, en
         n_seq_max=cfg.max_sessions,
         n_threads=cfg.n_threads,
         model_id=manifest.model_id,
+        n_batch=PREFIX_BLOCK_TOKENS,  # prefill ubatches on the block grid: restores are exact (kv/prefix.py)
     )
 
 
@@ -305,6 +426,8 @@ class _Mover:
                 self.rt.executor = await _load(self.cfg, path, self.manifest, *old)
                 raise
             self.rt.executor, self.rt.start, self.rt.end = executor, start, end
+            if self.rt.prefixes is not None:
+                self.rt.prefixes.move(start, end)
         self.announcer.throughput = await self.rt.run(measure_throughput, executor, n_tokens=64)
         await self.announcer.announce_once()
         print(f"moved from layers {old[0]}:{old[1]} to {start}:{end}", file=sys.stderr, flush=True)

@@ -79,7 +79,7 @@ def test_round_trip_preserves_every_field(frame):
 
 def test_size_line_decode_frame_is_4_n_embd_plus_small_header():
     body = encode_frame(Forward(step=123456, pos0=100_000, hidden=H576, sample=True))
-    assert 4 * 576 < len(body) <= 4 * 576 + 96
+    assert 4 * 576 < len(body) <= 4 * 576 + 106  # generation 2 added 'restore' (9 B)
 
 
 def test_decoded_tensor_is_a_readonly_view_without_copy():
@@ -92,7 +92,7 @@ def test_decoded_tensor_is_a_readonly_view_without_copy():
 def test_generation_mismatch_is_refused_before_the_header():
     body = bytearray(encode_frame(Close()))
     body[0] = PROTOCOL_GENERATION + 1
-    with pytest.raises(ProtocolError, match="generation 2"):
+    with pytest.raises(ProtocolError, match=f"generation {PROTOCOL_GENERATION + 1}"):
         decode_frame(bytes(body))
 
 
@@ -109,6 +109,7 @@ def _fwd_header(**over):
         "sample": False,
         "want_logits": False,
         "all_logits": False,
+        "restore": 0,
         "dtype": "f32",
         "shape": [1, 4],
     }
@@ -121,9 +122,12 @@ def _fwd_header(**over):
     [
         (b"", "too short"),
         (b"\x01\x00", "too short"),
-        (struct.pack(">BH", 1, 50) + b"\x80", "past the end"),
-        (struct.pack(">BH", 1, MAX_HEADER_BYTES + 1) + bytes(MAX_HEADER_BYTES + 1), "over the bound"),
-        (struct.pack(">BH", 1, 1) + b"\xc1", "malformed"),
+        (struct.pack(">BH", PROTOCOL_GENERATION, 50) + b"\x80", "past the end"),
+        (
+            struct.pack(">BH", PROTOCOL_GENERATION, MAX_HEADER_BYTES + 1) + bytes(MAX_HEADER_BYTES + 1),
+            "over the bound",
+        ),
+        (struct.pack(">BH", PROTOCOL_GENERATION, 1) + b"\xc1", "malformed"),
         (_raw([1, 2]), "must be a map"),
         (_raw({"k": "launch"}), "unknown frame kind"),
         (_raw({"k": 5}), "unknown frame kind"),
@@ -200,7 +204,10 @@ def _fwd_header(**over):
             ),
             "'top'",
         ),
-        (_raw({"k": "open_ok", "reserved_tokens": 131_073}), "'reserved_tokens'"),
+        (
+            _raw({"k": "open_ok", "reserved_tokens": 131_073, "restorable": [], "fetched_from": ""}),
+            "'reserved_tokens'",
+        ),
     ],
 )
 def test_malformed_frames_raise_protocol_error(body, match):
@@ -218,6 +225,7 @@ def _open_header(**over):
         "end": 10,
         "max_tokens": 10,
         "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0},
+        "prefixes": [],
     }
     h.update(over)
     return h
