@@ -26,6 +26,7 @@ from peerproc import PeerSet, RawClient, oracle, serve_args
 
 PROMPT = "The three most important inventions of the twentieth century are"
 N_EMBD = 576
+GEN = bytes([PROTOCOL_GENERATION])  # the generation byte every frame starts with
 CACHE_TOKENS = 4096
 REPLY_S = 30.0
 
@@ -86,7 +87,7 @@ def expected(smollm2_path) -> str:
 
 def test_garbage_bytes(raw):
     s = raw.stream()
-    expect_error(raw.ask(s, b"\x01\x00\x08" + b"\xc1" * 8), ErrorCode.PROTOCOL, "malformed frame header")
+    expect_error(raw.ask(s, GEN + b"\x00\x08" + b"\xc1" * 8), ErrorCode.PROTOCOL, "malformed frame header")
     raw.assert_closed(s)
 
 
@@ -152,6 +153,7 @@ def test_open_beyond_the_context_cap_is_refused(raw):
         "end": 30,
         "max_tokens": 131_073,
         "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0},
+        "prefixes": [],
     }
     s = raw.stream()
     expect_error(raw.ask(s, raw_frame(header)), ErrorCode.PROTOCOL, "max_tokens", "131072")
@@ -226,7 +228,7 @@ def test_non_final_span_answers_hidden_and_refuses_bad_forwards(half):
         "position 3",
         "at 4",
     )
-    half.send(s, b"\x01\x00\x00")  # a header length of 0: not a msgpack map
+    half.send(s, GEN + b"\x00\x00")  # a header length of 0: not a msgpack map
     expect_error(half.recv(s), ErrorCode.PROTOCOL, "malformed frame header")
     half.assert_closed(s)
 
@@ -252,11 +254,14 @@ def test_wrong_dtype_ends_the_stream(raw):
         "sample": True,
         "want_logits": False,
         "all_logits": False,
+        "restore": 0,
         "dtype": "f64",
         "shape": [1, N_EMBD],
     }
     expect_error(
-        raw.ask(s, raw_frame(header, hidden().astype(np.float64).tobytes())), ErrorCode.PROTOCOL, "dtype"
+        raw.ask(s, raw_frame(header, hidden().astype(np.float64).tobytes())),
+        ErrorCode.PROTOCOL,
+        "field 'dtype' must be one of",
     )
     raw.assert_closed(s)
 
@@ -277,7 +282,7 @@ def test_bad_stream_does_not_disturb_a_running_session(raw, peer, smollm2_path, 
                 ErrorCode.BAD_REQUEST,
                 "position 9",
             )
-            expect_error(raw.ask(s, b"\x01\xff\xff"), ErrorCode.PROTOCOL)
+            expect_error(raw.ask(s, GEN + b"\xff\xff"), ErrorCode.PROTOCOL)
             raw.assert_closed(s)
             n_bad += 1
     assert n_bad >= 2  # bad streams ran while the session was open, not only before or after it
