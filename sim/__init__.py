@@ -1,16 +1,27 @@
-"""Local swarm simulator: many peers with faults, driving the pure planners.
+"""Local swarm simulator: one swarm of up to 10,000 peers in virtual time, driving the real policies.
 
 Files:
-    swarm_sim.py: `Scenario`, `run(scenario) -> SimReport` — peers with spans, speeds, RTTs and
-        real `SessionTable`s; deaths, record expiry and capacity exhaustion; clients that plan with
-        `swarm.route.plan` and fail over.
-    scenarios.py: named scenarios (`SCENARIOS`) and `big_snapshot` for planner timing.
-    transport.py: simulated span peers (history-dependent stand-in blocks, scripted faults) behind
-        the client's `RouteSession` transport and directory, on a virtual clock.
-    failover.py: `FailoverScenario`, `run` — generations through faulty peers on the client's own
-        route session, each checked against a fault-free run; leaks counted.
-    __main__.py: `python -m sim [NAME ...]` prints one JSON line per scenario (with wall time).
+    vloop.py: `VirtualTimeLoop`, `run(coro)` — an asyncio loop whose clock jumps to the next timer,
+        so sleeps, timeouts and many concurrent route sessions run in virtual time.
+    geo.py: points on a globe and round trips between them.
+    compute.py: the stand-in span computation (exact integers: any replay mistake changes the
+        tokens) and `reference_tokens`, the fault-free run.
+    records.py: `RecordBoard` — announcements with publish delay, tombstones and expiry.
+    peers.py: `SimPeer` (span, real `SessionTable` and `Drain`, compute queue, ways to go) and
+        `PeerLink`, the route session's link to it.
+    world.py: `World` — joins through the real `choose_span`, the real `Rebalancer`, churn.
+    clients.py: `ClientSite` (the route session's directory and transport), `generate`, `arrivals`.
+    metrics.py: `Metrics`, `SwarmReport` — layout judged by `analyze_chains` over virtual time,
+        generations, failover stalls, planner wall time.
+    scenarios.py: `Scenario` and the named `SCENARIOS`.
+    runner.py: `SwarmSim` (composition root) and `run(scenario) -> SwarmReport`.
+    transport.py: simulated span peers with scripted faults behind one client's `RouteSession`,
+        on a `VirtualClock` (one client at a time); used by failover.py and the unit tests.
+    failover.py: `FailoverScenario`, `run` — generations through faulty peers, each checked
+        against a fault-free run; leaks counted.
+    __main__.py: `python -m sim [NAME ...]` lists the scenarios, or runs them (one JSON line each).
 
-Imports only swarm.route, swarm.kv, swarm.wire, swarm.errors and swarm.client.session (no I/O) —
-never swarm.dht, hivemind, libtorrent or llama.cpp.
+Imports swarm.route, swarm.kv, swarm.wire, swarm.errors, swarm.client.session and
+swarm.peer.rebalance (all free of I/O) — never swarm.dht, hivemind, libtorrent or llama.cpp.
+The real code it drives is unchanged; the stand-ins are the network, the DHT and the compute.
 """

@@ -1,25 +1,34 @@
-"""`python -m sim [NAME ...]`: run named scenarios (default: all), print one JSON line each."""
+"""`python -m sim [NAME ...]`: list the named scenarios, or run them and print one JSON line each."""
 
 import json
 import sys
 import time
 
 from sim import failover
+from sim.runner import run
 from sim.scenarios import SCENARIOS
-from sim.swarm_sim import run
 
 FAILOVER = failover.FailoverScenario(name="failover_100", generations=100, fault_rate=0.8, seed=1)
 
 
 def main(argv: list[str]) -> int:
-    """Run the scenarios named in argv (all when empty); returns the exit status."""
+    """Run the scenarios named in argv (none: list them); returns the exit status."""
     known = sorted([*SCENARIOS, FAILOVER.name])
-    names = argv or known
-    unknown = [n for n in names if n not in known]
+    if not argv:
+        for name in known:
+            sc = SCENARIOS.get(name)
+            what = (
+                f"{sc.members.n_peers} peers, {sc.model.name}, {sc.members.churn_per_min:.0%} churn a minute"
+                if sc
+                else "one client through 9 span peers with scripted faults"
+            )
+            print(f"{name:14} {what}")
+        return 0
+    unknown = [n for n in argv if n not in known]
     if unknown:
         print(f"unknown scenario(s) {unknown}; known: {known}", file=sys.stderr)
         return 2
-    for name in names:
+    for name in argv:
         t0 = time.perf_counter()
         summary = (
             failover.run(FAILOVER).summary() if name == FAILOVER.name else run(SCENARIOS[name]).summary()

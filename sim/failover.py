@@ -5,8 +5,9 @@ Each generation is checked token for token against a fault-free run over one pee
 whole model, and after each one every peer that can still hear a Close must hold no session.
 Faults strike random peers after a random number of steps: death, freezing, leaving, malformed
 replies; one fault is pending at a time, so every span keeps a working peer and every generation
-can be served (a failed generation is the policy's fault, not the swarm's). Dead, departed and broken peers come back later as new incarnations, as restarted volunteers
-do; frozen ones thaw with the same incarnation, so the client keeps avoiding them for a while.
+can be served (a failed generation is the policy's fault, not the swarm's). Dead, departed and
+broken peers come back later as new incarnations, as restarted volunteers do; frozen ones thaw
+with the same incarnation, so the client keeps avoiding them for a while.
 
 Every run is a function of the scenario (including its seed) on a virtual clock: no real time,
 no sockets. This module does not: import swarm.dht, hivemind, libtorrent or llama.cpp.

@@ -1,68 +1,76 @@
-"""Named simulation scenarios, and a large single-model snapshot for timing the planner."""
+"""Named swarm scenarios: a model, a mix of volunteers, how they come and go, and the client load.
+
+Timeline of every scenario, in virtual seconds: `n_peers` join over `grow_s` (Poisson times) into
+an empty swarm; nothing happens for `settle_s` (the last joiners finish loading); then for
+`churn_s`, the measured window, peers leave and join at the churn rate while clients generate
+(arrivals stop `tail_s` before the end, so that generations end inside the window).
+
+The two models have the depth of DeepSeek-V4-Flash (43 layers) and of a 70B-class dense model
+(80 layers); their byte sizes are illustrative, since memory is drawn in layers' worth.
+
+This module does not: run anything (`sim.runner` does).
+"""
 
 from __future__ import annotations
 
-import random
+from dataclasses import dataclass
 
-from sim.swarm_sim import Scenario
-from swarm.route.plan import PeerSpan
+from sim.clients import Load
+from sim.world import Membership, ModelShape, PeerMix
+
+GIB = 1 << 30
+
+MODEL_43 = ModelShape("43 layers (DeepSeek-V4-Flash depth)", 43, 3 * GIB, GIB, 8 * 1024)
+MODEL_80 = ModelShape("80 layers", 80, GIB, GIB, 4 * 1024)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One simulation run.
+
+    Attributes:
+        name: label.
+        model: the served model.
+        mix: how volunteers differ.
+        members: size, churn, placement rule, announce and rebalance timing.
+        load: the clients.
+        grow_s, settle_s, churn_s, tail_s: the timeline (see the module docstring), seconds.
+        seed: seeds the run's one random source.
+    """
+
+    name: str
+    model: ModelShape
+    mix: PeerMix
+    members: Membership
+    load: Load = Load()
+    grow_s: float = 300.0
+    settle_s: float = 60.0
+    churn_s: float = 600.0
+    tail_s: float = 30.0
+    seed: int = 0
+
+
+def default_mix(model: ModelShape) -> PeerMix:
+    """Memories from two layers' worth to the whole model (+10%); the other `PeerMix` defaults."""
+    return PeerMix(memory_layers=(2.0, 1.1 * model.n_layers))
+
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
-        # 1,000 peers, 3 spans x 3 peers per model (111 models); 30% die at step 5 and their
-        # records linger 3 steps.
+        # The acceptance runs: 10,000 peers, 10% churn per minute for 10 virtual minutes.
+        Scenario("swarm43_10k", MODEL_43, default_mix(MODEL_43), Membership(n_peers=10_000), seed=43),
+        Scenario("swarm80_10k", MODEL_80, default_mix(MODEL_80), Membership(n_peers=10_000), seed=80),
+        # A quick look at the same dynamics (seconds of wall time).
         Scenario(
-            name="churn_1000",
-            n_peers=1000,
-            kill_fraction=0.3,
-            kill_step=5,
-            record_ttl_steps=3,
-            steps=15,
-            requests_per_step=200,
+            "swarm43_300",
+            MODEL_43,
+            default_mix(MODEL_43),
+            Membership(n_peers=300, rebalance_period_s=120.0),
+            load=Load(generations_per_s=1.0, sites=16),
+            grow_s=120.0,
+            churn_s=300.0,
             seed=1,
-        ),
-        # Few peers, long sessions, heavy load: slots run out and stale snapshots meet Busy.
-        Scenario(
-            name="saturation_90",
-            n_peers=90,
-            sessions_per_peer=2,
-            session_steps=6,
-            steps=12,
-            requests_per_step=40,
-            seed=2,
-        ),
-        # 10,000 peers, 5 peers per span, 20% die.
-        Scenario(
-            name="churn_10000",
-            n_peers=10_000,
-            redundancy=5,
-            kill_fraction=0.2,
-            kill_step=3,
-            steps=8,
-            requests_per_step=300,
-            seed=3,
         ),
     )
 }
-
-
-def big_snapshot(n_peers: int, n_layers: int, rng: random.Random) -> list[PeerSpan]:
-    """`n_peers` spans of one model on a 4-layer grid, 1-4 grid cells long, random speeds and RTTs."""
-    spans = []
-    for i in range(n_peers):
-        start = 4 * rng.randrange(n_layers // 4)
-        end = min(n_layers, start + 4 * rng.randint(1, 4))
-        spans.append(
-            PeerSpan(
-                f"p{i}",
-                start,
-                end,
-                rng.uniform(20, 400),
-                rng.uniform(100, 3000),
-                rng.randrange(0, 65536),
-                rng.randrange(0, 16),
-                rng.uniform(1, 150),
-            )
-        )
-    return spans

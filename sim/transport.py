@@ -1,15 +1,15 @@
 """Simulated span peers behind the route session's injected transport, on a virtual clock.
 
-A `SpanPeer` computes a stand-in for a span of transformer blocks: each layer mixes every row with
-the running sum of the rows it has already seen in this session (its "KV cache"), so a row's output
-depends on every earlier row, in order, exactly as attention does. A replay that skipped, repeated
-or reordered a row would change every later output, and the last span's sampled token (a hash of
-its output row) with it: a failover is correct only if the tokens equal a fault-free run.
+A `SpanPeer` computes the stand-in span of `sim.compute`, whose every output depends on every earlier
+row of the session, in order, as attention does: a replay that skipped, repeated or reordered a row
+would change every later output and the last span's sampled token with it, so a failover is correct
+only if the tokens equal a fault-free run.
 
 Faults are scripted per peer: after a given number of Forward frames the peer dies (links reset,
 dials refused), freezes (nothing answers; the caller's timeout passes on the virtual clock), starts
 leaving (SHUTTING_DOWN), or answers malformed frames. `VirtualClock.sleep` advances time without
-waiting, so failover backoff costs nothing to simulate.
+waiting, so failover backoff costs nothing to simulate. One client at a time: for many concurrent
+clients, run on `sim.vloop` instead (as `sim.run` does).
 
 This module does not: use sockets, threads, hivemind or llama.cpp. The route session it serves is
 the client's own (swarm/client/session.py).
@@ -18,25 +18,17 @@ the client's own (swarm/client/session.py).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.compute import embed, run_layers, token_of
 from swarm.errors import PeerTimeout, PeerUnreachable
 from swarm.route.plan import PeerSpan
 from swarm.wire import Close, Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token
 
-HIDDEN = 8
-"""Width of the simulated hidden state."""
-VOCAB = 50_000
-"""Simulated vocabulary: tokens are hashes of the last row modulo this."""
-
-
-def embed(token: int) -> np.ndarray:
-    """The simulated embedding of one token: `[1, HIDDEN]` float32, a function of the id alone."""
-    return np.random.default_rng(token).standard_normal((1, HIDDEN)).astype(np.float32)
+__all__ = ["SimLink", "SimSwarm", "SpanPeer", "VirtualClock", "embed"]
 
 
 class VirtualClock:
@@ -62,7 +54,7 @@ class SpanPeer:
         fault: what happens after `fault_after` Forward frames: "die", "freeze", "leave",
             "malformed", "hung" (blocks until the caller cancels), or "" (never).
         state: "up", "dead", "frozen", "leaving", "malformed" or "hung" now.
-        sessions: session id -> (next position, per-layer running row sums).
+        sessions: session id -> [next position, per-layer state of `sim.compute.run_layers`].
         forwards: Forward frames handled so far.
         incarnation: the `started_at` it announces; `restart` changes it.
         announced_sessions_free: a stale figure to announce instead of the true one (None: true).
@@ -123,37 +115,23 @@ class SpanPeer:
         if isinstance(frame, Open):
             if len(self.sessions) >= self.max_sessions:
                 return Error(ErrorCode.BUSY, f"all {self.max_sessions} session slots are in use")
-            self.sessions[session_id] = [0, np.zeros((self.end - self.start, HIDDEN), np.float64)]
+            self.sessions[session_id] = [0, [0] * (self.end - self.start)]
             return OpenOk(frame.max_tokens)
         if isinstance(frame, Close):
             self.sessions.pop(session_id, None)
             return OpenOk(1)
         assert isinstance(frame, Forward)
-        pos, sums = self.sessions[session_id]
+        pos, state = self.sessions[session_id]
         if frame.pos0 != pos:
             return Error(ErrorCode.BAD_REQUEST, f"step starts at position {frame.pos0}, session is at {pos}")
         self.forwards += 1
-        out = self._compute(sums, np.asarray(frame.hidden, np.float64))
+        out = run_layers(state, self.start, frame.hidden)
         self.sessions[session_id][0] = pos + frame.n_tokens
         if self.state == "malformed":
             return Hidden(frame.step, np.zeros((1, 1), np.float32), 0.1)
         if self.end < self.n_layers:
-            return Hidden(frame.step, out.astype(np.float32), 1.0)
-        digest = hashlib.sha256(out[-1].astype(np.float32).tobytes()).digest()
-        return Token(frame.step, int.from_bytes(digest[:4], "big") % VOCAB, 0.0, (), 1.0)
-
-    def _compute(self, sums: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """Row by row, layer by layer: row <- tanh(row + 0.5 * mean of the rows seen + 0.01 * layer)."""
-        out = np.empty_like(x)
-        for r, row in enumerate(x):
-            for li, layer in enumerate(range(self.start, self.end)):
-                sums[li] += row
-                # float32 after every layer, as a real residual stream: a cut between any two layers
-                # then changes nothing, so a chain of spans equals one peer serving every layer
-                row = np.tanh(row + 0.5 * sums[li] / (np.abs(sums[li]).sum() + 1.0) + 0.01 * layer)
-                row = row.astype(np.float32).astype(np.float64)
-            out[r] = row
-        return out
+            return Hidden(frame.step, out, 1.0)
+        return Token(frame.step, token_of(out), 0.0, (), 1.0)
 
     def after_forward(self) -> None:
         """Apply the scripted fault once `fault_after` Forward frames were handled."""

@@ -1,0 +1,253 @@
+"""Simulated serving peers and the client's links to them, in virtual time.
+
+A `SimPeer` is one volunteer: a memory budget, a layer rate (decode steps/s × layers, its measured
+speed), a point on the globe, and, while it serves, a span [start, end) with a real
+`swarm.kv.sessions.SessionTable` (admission by slots and KV tokens) and a real
+`swarm.peer.rebalance.Drain` (refuses new sessions with BUSY while it drains to move). It answers
+the frames of `swarm.wire` as `swarm.peer.handler` does, computing the stand-in of `sim.compute`.
+
+Time: a frame reaches the peer half a round trip after it is sent; its compute (rows / prefill
+tokens/s for a prefill chunk, 1 / decode steps/s for one token) starts when the peer has finished
+the work queued before it (one executor: `busy_until_s`), and the reply arrives half a round trip
+after the compute ends. Opens, closes and probes cost round trips only.
+
+Ways to go (`depart`): "leave" (graceful: every in-flight frame is answered SHUTTING_DOWN, later
+frames on open links get the same last words, new dials are refused), "reset" (a crash whose
+kernel resets the connections: in-flight frames and dials fail at once) and "freeze" (a crash that
+answers nothing: in-flight frames, dials and probes wait for the caller's timeout).
+
+This module does not: choose spans, publish records or decide when peers come and go
+(`sim.world` does), and it models no network below the round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+
+from sim.compute import run_layers, token_of
+from swarm.errors import Busy, PeerTimeout, PeerUnreachable, RequestError
+from swarm.kv.budget import SpanBudget
+from swarm.kv.sessions import SessionTable
+from swarm.peer.rebalance import Drain
+from swarm.route.plan import PeerSpan
+from swarm.wire import Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token
+
+IDLE_TIMEOUT_S = 600.0
+"""A session unused this long is evicted (as `swarm.peer.handler.SpanRuntime.idle_timeout_s`)."""
+ALIVE = ("loading", "serving", "moving")
+"""States of a peer that answers: loading its first span, serving one, or moving to another."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a volunteer brings.
+
+    Attributes:
+        budget: what fits its memory (`budget.n_layers` is the model's depth).
+        layer_steps_per_s: its speed, decode steps/s × layers (a span of L layers runs at this / L).
+        prefill_factor: prefill tokens/s per decode step/s.
+        max_sessions: session slots.
+        location: unit vector (x, y, z) of its place on the globe.
+        access_ms: its last-mile share of every round trip, ms.
+    """
+
+    budget: SpanBudget
+    layer_steps_per_s: float
+    prefill_factor: float
+    max_sessions: int
+    location: tuple[float, float, float]
+    access_ms: float
+
+
+class SimPeer:
+    """One simulated peer (see the module docstring).
+
+    Attributes:
+        peer_id, profile: identity and means.
+        incarnation: virtual time it joined (announced as `started_at`).
+        state: "loading", "serving", "moving" (draining and loading a new span), "left", "reset"
+            or "frozen".
+        start, end: its span (meaningful while serving).
+        table: its session table while serving, else None.
+        drain: shared with its rebalancer.
+        busy_until_s: when its executor finishes the work queued so far.
+        rng: its own random source (load times, rebalancing delays).
+    """
+
+    def __init__(self, peer_id: str, profile: Profile, now_s: float, rng: random.Random):
+        self.peer_id, self.profile, self.incarnation, self.rng = peer_id, profile, now_s, rng
+        self.state = "loading"
+        self.start = self.end = 0
+        self.table: SessionTable | None = None
+        self.drain = Drain()
+        self.busy_until_s = 0.0
+        self._cache: dict[bytes, tuple[str, list[int]]] = {}  # session id → (owner, layer states)
+        self._inflight: dict[asyncio.Future, None] = {}
+
+    @property
+    def alive(self) -> bool:
+        """It answers frames, dials and probes."""
+        return self.state in ALIVE
+
+    def record(self) -> PeerSpan:
+        """Its announcement now: span, measured speed, free room (none while draining)."""
+        n = self.end - self.start
+        steps = self.profile.layer_steps_per_s / n
+        table = self.table
+        free = 0 if table is None or self.drain.active else table.sessions_free
+        return PeerSpan(
+            self.peer_id,
+            self.start,
+            self.end,
+            steps,
+            steps * self.profile.prefill_factor,
+            table.free_cache_tokens if table is not None else 0,
+            free,
+            None,
+            self.incarnation,
+        )
+
+    def load(self, start: int, end: int) -> None:
+        """Start serving [start, end) with an empty session table."""
+        self.state, self.start, self.end = "serving", start, end
+        self.table = SessionTable(self.profile.max_sessions, self.profile.budget.kv_tokens, IDLE_TIMEOUT_S)
+        self._cache = {}
+
+    def unload(self) -> None:
+        """Stop serving to load another span (the rebalancer drained it first)."""
+        self.state, self.table, self._cache = "moving", None, {}
+
+    def depart(self, how: str) -> None:
+        """Go: "leave", "reset" or "freeze" (see the module docstring)."""
+        self.state = {"leave": "left", "reset": "reset", "freeze": "frozen"}[how]
+        self.table, self._cache = None, {}
+        for fut in list(self._inflight):
+            if fut.done():
+                continue
+            if how == "leave":
+                fut.set_result(Error(ErrorCode.SHUTTING_DOWN, "peer is shutting down"))
+            elif how == "reset":
+                fut.set_exception(PeerUnreachable(f"stream to {self.peer_id} was reset"))
+        self._inflight.clear()
+
+    def sessions(self) -> int:
+        """Sessions open now (0 when not serving)."""
+        return len(self.table) if self.table is not None else 0
+
+    # -- frames ------------------------------------------------------------------------------------
+
+    def handle(self, sid: bytes, owner: str, frame: Frame, arrive_s: float) -> tuple[Frame, float]:
+        """Answer one frame arriving at `arrive_s`; returns the reply and when its compute ends."""
+        if self.state != "serving" or self.table is None:
+            return Error(ErrorCode.NOT_FOUND, f"{self.peer_id} serves no span now"), arrive_s
+        if isinstance(frame, Open):
+            return self._open(sid, owner, frame, arrive_s), arrive_s
+        if not isinstance(frame, Forward):
+            return Error(ErrorCode.BAD_REQUEST, f"unexpected {type(frame).__name__}"), arrive_s
+        table = self.table
+        try:
+            slot = table.get(sid, owner)
+            table.check_forward(slot, frame.pos0, frame.n_tokens)
+        except RequestError as e:
+            return Error(ErrorCode.BAD_REQUEST, str(e)), arrive_s
+        n, steps = frame.n_tokens, self.profile.layer_steps_per_s / (self.end - self.start)
+        compute_s = 1.0 / steps if n == 1 else n / (steps * self.profile.prefill_factor)
+        done_s = max(arrive_s, self.busy_until_s) + compute_s
+        self.busy_until_s = done_s
+        out = run_layers(self._cache[sid][1], self.start, frame.hidden)
+        table.advance(slot, n, done_s)
+        if self.end < self.profile.budget.n_layers:
+            return Hidden(frame.step, out, compute_s * 1000.0), done_s
+        return Token(frame.step, token_of(out), 0.0, (), compute_s * 1000.0), done_s
+
+    def _open(self, sid: bytes, owner: str, frame: Open, now_s: float) -> Frame:
+        if self.drain.active:
+            return Error(ErrorCode.BUSY, self.drain.active)
+        if (frame.start, frame.end) != (self.start, self.end):
+            return Error(ErrorCode.NOT_FOUND, f"this peer serves layers [{self.start}, {self.end})")
+        try:
+            admission = self.table.admit(sid, owner, frame.max_tokens, now_s)
+        except Busy as e:
+            return Error(ErrorCode.BUSY, str(e))
+        if admission.evicted_seq_ids:  # idle sessions the table dropped: drop their caches too
+            self._cache = {k: v for k, v in self._cache.items() if self._holds(k, owner_of=v[0])}
+        self._cache[sid] = (owner, [0] * (self.end - self.start))
+        return OpenOk(frame.max_tokens)
+
+    def _holds(self, sid: bytes, owner_of: str) -> bool:
+        try:
+            self.table.get(sid, owner_of)
+        except RequestError:
+            return False
+        return True
+
+    def close_session(self, sid: bytes) -> None:
+        """The client closed the session: free it (and wake a drain waiting for the last one)."""
+        if self.table is not None and self._cache.pop(sid, None) is not None:
+            self.table.release(sid)
+            self.drain.session_ended(len(self.table))
+
+    def track(self, fut: asyncio.Future) -> None:
+        """Remember an in-flight reply, so that departing settles it."""
+        self._inflight[fut] = None
+        fut.add_done_callback(lambda f: self._inflight.pop(f, None))
+
+
+class PeerLink:
+    """`swarm.client.session.HopLink` from one client to one `SimPeer`, with their round trip.
+
+    Args:
+        peer: the peer.
+        owner: the client's id (owner of the session).
+        rtt_s: round trip between them, seconds.
+        key: a number unique among the client's links, its hash: the route session keeps its links
+            in a set, and closing them in an order that depends on memory addresses would make
+            runs differ.
+    """
+
+    def __init__(self, peer: SimPeer, owner: str, rtt_s: float, key: int):
+        self.peer_id, self._peer, self._owner, self._rtt_s = peer.peer_id, peer, owner, rtt_s
+        self._key = key
+        self._sid = b""
+        self.closed = False
+
+    def __hash__(self) -> int:
+        return self._key
+
+    async def exchange(self, frame: Frame, timeout_s: float) -> tuple[Frame, int, int]:
+        """Deliver one frame; see `swarm.client.session.HopLink.exchange`."""
+        peer, loop = self._peer, asyncio.get_running_loop()
+        if self.closed or peer.state == "reset":
+            raise PeerUnreachable(f"stream to {self.peer_id} was reset")
+        if peer.state == "left":
+            return Error(ErrorCode.SHUTTING_DOWN, "peer is shutting down"), 100, 100
+        if peer.state == "frozen":
+            await asyncio.sleep(timeout_s)
+            raise PeerTimeout(f"no frame from {self.peer_id} within {timeout_s:.1f} s")
+        if isinstance(frame, Open):
+            self._sid = frame.session_id
+        now = loop.time()
+        reply, done_s = peer.handle(self._sid, self._owner, frame, now + self._rtt_s / 2)
+        fut = loop.create_future()
+        peer.track(fut)
+        loop.call_at(done_s + self._rtt_s / 2, _deliver, peer, fut, reply)
+        try:
+            reply = await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            raise PeerTimeout(f"no frame from {self.peer_id} within {timeout_s:.1f} s") from None
+        return reply, 100, 100
+
+    async def close(self) -> None:
+        """Close the session on the peer (at once: the Close is not waited for); never raises."""
+        if not self.closed and self._sid and self._peer.alive:
+            self._peer.close_session(self._sid)
+        self.closed = True
+
+
+def _deliver(peer: SimPeer, fut: asyncio.Future, reply: Frame) -> None:
+    """The reply reaches the client, unless the peer froze (the client times out) or the future is
+    settled already (departed, or the client gave up)."""
+    if not fut.done() and peer.state != "frozen":
+        fut.set_result(reply)
