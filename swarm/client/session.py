@@ -322,7 +322,6 @@ class RouteSession:
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
         rows = np.concatenate(hop.inputs)[: self.pos - hop.base] if hop.inputs else None
-        hop.inputs.clear()
         event = FailoverEvent(hop.peer_id, hop.span.start, hop.span.end, reason, str(error), self.pos)
         self.telemetry.failovers.append(event)
         # The snapshot this generation planned from is seconds old and already lists the failed hop's
@@ -331,9 +330,14 @@ class RouteSession:
         try:
             new = await self._open_stretch(hop.span.start, hop.span.end, rows, fresh=False, base=hop.base)
             self._hops[i : i + 1] = new
-        except _CannotRestore:
+        except (_CannotRestore, NoRoute):
+            # NoRoute: no chain of live spans joins exactly the failed hop's boundaries, though a
+            # whole new route may (other peers' spans start or end elsewhere).
+            if len(self._hops) == 1:
+                raise
             new, rebuilt = await self._rebuild(), True
             self._hops = new
+        hop.inputs.clear()  # after a rebuild, which replays the first hop's recorded rows
         self.telemetry.route = [h.telemetry for h in self._hops]
         event.restored_tokens = min(h.base for h in new)
         event.replayed_tokens = self.pos - event.restored_tokens if rows is not None or rebuilt else 0
@@ -353,7 +357,8 @@ class RouteSession:
         )
         for h in self._hops:
             h.inputs.clear()
-            await self._drop(h.link)
+            if h.link in self._links:  # the failed hop's link is already closing beside the failover
+                await self._drop(h.link)
         return await self._open_stretch(0, self.spec.n_layers, rows, fresh=False, base=0)
 
     async def _open_stretch(
