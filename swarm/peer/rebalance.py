@@ -110,6 +110,8 @@ class Rebalancer:
                 await self.evaluate_once()
             except SwarmError as e:
                 logger.warning("rebalancing skipped: %s", e)
+            except Exception:  # noqa: BLE001 - a bug here must show, not end the loop silently
+                logger.exception("rebalancing failed")
 
     async def evaluate_once(self) -> Placement | None:
         """One evaluation: the move made, or None when staying (or when the drain timed out)."""
