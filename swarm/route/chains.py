@@ -75,11 +75,15 @@ class SpanGraph:
         g.flow = self.flow
         return g
 
-    def max_flow(self) -> float:
-        """Augment until no path 0 → n_layers has residual capacity; returns the flow added."""
+    def max_flow(self, src: int = 0, dst: int | None = None, limit: float = math.inf) -> float:
+        """Augment from `src` to `dst` (default: layer 0 to n_layers) until no path has residual
+        capacity, or until at least `limit` was added; returns the flow added. Only a full
+        0 → n_layers flow counts in `self.flow`."""
+        dst = self.n_layers if dst is None else dst
+        if src == dst:
+            return math.inf
         added = 0.0
-        src, dst = 0, self.n_layers
-        while True:
+        while added < limit:
             parent: dict[int, int] = {src: src}
             queue = deque([src])
             while queue and dst not in parent:
@@ -102,8 +106,33 @@ class SpanGraph:
                 self._res[v][u] += push
                 v = u
             added += push
-        self.flow += added
+        if (src, dst) == (0, self.n_layers) and limit == math.inf:
+            self.flow += added
         return added
+
+    def gain_bounds(
+        self, starts: Iterable[int], ends: Iterable[int], cap: float = math.inf
+    ) -> tuple[dict[int, float], dict[int, float]]:
+        """What one new span could add to this graph's (already maximum) flow, per boundary.
+
+        Adding an edge s → e of capacity c to a network carrying a maximum flow raises it by exactly
+        min(c, F(0 → s), F(e → n_layers)), F being max flows in the residual network. Proof by
+        max-flow/min-cut: the new min cut either separates s from e (c plus a residual cut, and
+        the residual cut is 0 unless one of the F is 0) or it does not (a residual cut separating 0
+        from s, or e from n_layers). So one flow per boundary prices every candidate span instead
+        of one flow per candidate.
+
+        Args:
+            starts, ends: the boundaries candidate spans may start / end at.
+            cap: the largest capacity a candidate has; flows stop once they reach it (the gain
+                is capped by c anyway), which keeps each flow to a few augmenting paths.
+        Returns:
+            (to_start, from_end): min(cap, F(0 → s)) for each start, min(cap, F(e → n_layers)) for
+            each end, steps/s (math.inf for s = 0 and e = n_layers). The graph is left unchanged.
+        """
+        to_start = {s: self.copy().max_flow(0, s, cap) for s in starts}
+        from_end = {e: self.copy().max_flow(e, self.n_layers, cap) for e in ends}
+        return to_start, from_end
 
 
 def span_graph(spans: Iterable[PeerSpan], n_layers: int) -> SpanGraph:

@@ -16,12 +16,15 @@ boundary from which the last layer is reachable, so that the next peers can clos
 a span is on no complete chain until they do; it is never unreachable from layer 0.
 
 Rebalancing uses the same search with the peer's own span taken out of the swarm: it moves when
-the best span gives at least `min_gain` (20%) more routable throughput than staying, or when the
+the best span gives at least `min_gain` (20%) more routable throughput than staying, when the
 peer is a dead end and can move onto a complete chain (backing up a chain helps failover even
-when it adds no flow). Each move either raises the swarm's max flow by that factor or removes a
-dead end without lowering the flow, over the mover's snapshot, so peers that move one at a time
-(random delays, at most once per period, never while holding sessions: the caller's job) settle
-after a bounded number of moves instead of flapping.
+when it adds no flow), or, while the swarm has no complete chain, when moving shortens the *chain
+gap* (the fewest layers between a boundary a chain from layer 0 reaches and one from which a chain
+reaches the last layer): peers that joined together and all took [0, x) spread out until the
+chain closes. Each move raises the swarm's max flow by that factor, removes a dead end without
+lowering the flow, or shortens an integer gap, over the mover's snapshot, so peers that move one
+at a time (random delays, at most once per period, never while holding sessions: the caller's
+job) settle after a bounded number of moves instead of flapping.
 
 A candidate's capacity is the peer's layer rate (decode steps/s × layers, from its own
 measurement or the swarm's median) divided by the span's length; the output head's extra compute
@@ -58,8 +61,9 @@ class Placement:
         reason: "adds_throughput" (raises the routable throughput), "reinforces_weakest" (on a
             complete chain, no single span raises the flow: backs up its weakest layers),
             "extends_chain" (no span that fits lies on a complete chain: extends one from a
-            reachable boundary), "stays" (rebalancing: the current span is as good), or
-            "leaves_dead_end" (rebalancing: the peer is on no complete chain and can move onto one).
+            reachable boundary; rebalancing: the move shortens the chain gap), "stays"
+            (rebalancing: the current span is as good), or "leaves_dead_end" (rebalancing: the
+            peer is on no complete chain and can move onto one).
         routable_before, routable_after: the swarm's max flow (tokens/s) without and with this
             span (for rebalancing: without the peer, and with it at the chosen span).
         on_complete_chain: the span lies on a complete chain once served.
@@ -111,15 +115,15 @@ def choose_span(
     before = base.max_flow()
     weakest = _chain_layer_throughput(ok, reach, finish, n)
 
+    starts = sorted(b for b in reach if b < n)
+    to_start, from_end = base.gain_bounds(starts, (f for f in finish if f > 0), cap=rate)
     best_key, best = None, None
     n_candidates = 0
-    for s in sorted(b for b in reach if b < n):
+    for s in starts:
         last = budget.longest_end(s)
         for e in sorted(f for f in finish if s < f <= last):
             n_candidates += 1
-            g = base.copy()
-            g.add(s, e, rate / (e - s))
-            gain = g.max_flow()
+            gain = min(rate / (e - s), to_start[s], from_end[e])
             key = (-round(_bucket(gain, before), 6), round(min(weakest[s:e]), 6), e - s, s)
             if best_key is None or key < best_key:
                 best_key, best = key, (s, e, gain)
@@ -175,17 +179,33 @@ def rebalance(
     best = choose_span(ok, budget, rate)
     gains = best.routable_after > staying * (1 + min_gain)
     leaves_dead_end = best.on_complete_chain and not stay.on_complete_chain
-    if (best.start, best.end) == (me.start, me.end) or not (gains or leaves_dead_end):
+    bounds = [(p.start, p.end) for p in ok]
+    closes_gap = n not in reach and chain_gap([*bounds, (best.start, best.end)], n) < chain_gap(
+        [*bounds, (me.start, me.end)], n
+    )
+    if (best.start, best.end) == (me.start, me.end) or not (gains or leaves_dead_end or closes_gap):
         return stay
     return Placement(
         best.start,
         best.end,
-        best.reason if gains else "leaves_dead_end",
+        best.reason if gains or closes_gap else "leaves_dead_end",
         staying,
         best.routable_after,
         best.on_complete_chain,
         best.candidates,
     )
+
+
+def chain_gap(bounds: Sequence[tuple[int, int]], n_layers: int) -> int:
+    """The fewest layers no chain covers: min(f - r) over boundaries r reachable from layer 0 and
+    f >= r from which the last layer is reachable; 0 when a complete chain exists.
+
+    Args:
+        bounds: spans as (start, end) pairs, usable ones only.
+        n_layers: layers in the model.
+    """
+    reach, finish = reachable_boundaries(bounds, n_layers)
+    return min(f - r for r in reach for f in finish if f >= r)
 
 
 def _chain_layer_throughput(ok: Sequence[PeerSpan], reach, finish, n: int) -> list[float]:

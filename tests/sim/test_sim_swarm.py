@@ -189,13 +189,14 @@ def test_peers_joining_one_after_another_settle_complete_without_flapping(n):
     assert figures.serving == n and figures.complete and figures.dead_end_peers == 0
 
 
-@pytest.mark.parametrize("n", [6, 8])
-def test_peers_joining_together_rebalance_and_settle_without_flapping(n):
+@pytest.mark.parametrize("n, seed", [(4, 0), (4, 2), (4, 3), (6, 0), (8, 0)])
+def test_peers_joining_together_rebalance_and_settle_without_flapping(n, seed):
     """Peers join 10 s apart and all see an empty or stale swarm: they crowd layer 0, then the
-    rebalancer moves some of them (bounded, once per period at most) until no move gains. (Four
-    such peers can stay crowded on an incomplete chain: `rebalance` never moves a peer to extend
-    an incomplete chain; see the simulator section of docs/benchmarks.md.)"""
-    moves, figures = _settle(n, gap_s=10.0, seed=0)
+    rebalancer moves some of them (bounded, once per period at most) until the chain closes and no
+    move gains. Four such peers stayed crowded on an incomplete chain (n=4, seed 2) before
+    `rebalance` learned to shorten the chain gap. Seeds 0, 2 and 3 give four peers memory enough
+    for the model; seed 1 gives 41 layers' worth for 43."""
+    moves, figures = _settle(n, gap_s=10.0, seed=seed)
     assert moves and figures.complete
 
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from swarm.route.chains import analyze_chains, routable_throughput
+from swarm.route.chains import analyze_chains, routable_throughput, span_graph
 from swarm.route.plan import PeerSpan
 
 
@@ -72,6 +72,25 @@ def test_flow_equals_brute_force_on_random_small_swarms(seed):
         s = rng.randrange(n)
         spans.append(span(f"p{i}", s, rng.randint(s + 1, n), float(rng.randint(1, 3))))
     assert routable_throughput(spans, n) == pytest.approx(_brute_force_flow(spans, n))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_gain_bounds_price_every_new_span_like_a_fresh_flow(seed):
+    """min(c, F(0→s), F(e→n)) in the residual network equals re-running max flow with the span."""
+    rng = random.Random(seed)
+    n = rng.randint(2, 8)
+    spans = []
+    for i in range(rng.randint(0, 7)):
+        s = rng.randrange(n)
+        spans.append(span(f"p{i}", s, rng.randint(s + 1, n), float(rng.randint(1, 4))))
+    base = span_graph(spans, n)
+    before = base.max_flow()
+    to_start, from_end = base.gain_bounds(range(n), range(1, n + 1))
+    for s in range(n):
+        for e in range(s + 1, n + 1):
+            cap = float(rng.randint(1, 4))
+            fresh = span_graph([*spans, span("new", s, e, cap)], n).max_flow()
+            assert min(cap, to_start[s], from_end[e]) == pytest.approx(fresh - before), (s, e)
 
 
 def test_bad_spans_are_ignored_not_counted():

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from swarm.errors import RequestError
 from swarm.kv.budget import SpanBudget
 from swarm.route.chains import analyze_chains, reachable_boundaries, routable_throughput
-from swarm.route.placement import choose_span, rebalance
+from swarm.route.placement import chain_gap, choose_span, rebalance
 from swarm.route.plan import PeerSpan
 
 RATE = 120.0  # layer steps/s of every test peer
@@ -140,6 +140,43 @@ def test_rebalance_needs_the_threshold():
         2 * move.routable_before
     )
     assert rebalance(peers, peers[-1], budget(30, 12), min_gain=1.5).reason == "stays"
+
+
+@pytest.mark.parametrize("n, fits", [(30, [15, 15, 15]), (43, [12, 12, 12, 12]), (43, [20, 8, 8, 8, 8, 8])])
+def test_peers_that_crowded_layer_0_spread_until_the_chain_closes(n, fits):
+    """Peers that joined together, each seeing an empty swarm, all serve [0, x): no route. One at a
+    time, each moves where the gap between what chains reach from layer 0 and what reaches the last
+    layer shrinks, until a complete chain exists; then nobody moves."""
+    peers = [
+        span(f"p{i}", *(lambda p: (p.start, p.end))(choose_span([], budget(n, f), RATE)))
+        for i, f in enumerate(fits)
+    ]
+    assert not analyze_chains(peers, n).complete
+    moves = 0
+    for _ in range(len(fits)):
+        for i, f in enumerate(fits):
+            d = rebalance(peers, peers[i], budget(n, f))
+            if d.reason != "stays":
+                before = chain_gap([(p.start, p.end) for p in peers], n)
+                peers[i] = span(peers[i].peer_id, d.start, d.end)
+                assert chain_gap([(p.start, p.end) for p in peers], n) < before or d.reason != "extends_chain"
+                moves += 1
+    assert analyze_chains(peers, n).complete
+    assert moves <= 2 * len(fits)
+    assert [rebalance(peers, peers[i], budget(n, f)).reason for i, f in enumerate(fits)] == ["stays"] * len(
+        fits
+    )
+
+
+def test_a_crowd_short_of_memory_stays_without_moving_forever():
+    """Three peers holding 24 of 30 layers cannot close the chain: they stop once the gap is minimal."""
+    peers = [span(f"p{i}", 0, 8) for i in range(3)]
+    for _ in range(4):
+        for i in range(3):
+            d = rebalance(peers, peers[i], budget(30, 8))
+            peers[i] = span(peers[i].peer_id, d.start, d.end)
+    assert chain_gap([(p.start, p.end) for p in peers], 30) == 6
+    assert [rebalance(peers, p, budget(30, 8)).reason for p in peers] == ["stays"] * 3
 
 
 def _settle(n, fits, rounds=10):
