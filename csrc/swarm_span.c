@@ -37,6 +37,16 @@ struct swarm_span {
     int64_t  cap_rows;        // rows written so far
     int64_t  cap_max_rows;
     int      cap_err;
+
+    // swarm_span_execute_batch: one seq id per token (seq_ids[i]), pointed to by seq_ptrs[i],
+    // and the captured rows of the whole batch before they are split back per step
+    llama_seq_id  * seq_ids;
+    llama_seq_id ** seq_ptrs;
+    float         * cap_scratch;   // [n_batch, n_embd]; NULL on the last span
+
+    // positions llama.cpp reads per token of an embedding batch: GGML_MROPE_SECTIONS for M-RoPE
+    // models (section-major, pos[j * n_tokens + i]), else 1; `pos` holds n_batch * 4 entries
+    int32_t         n_pos_per_token;
 };
 
 static void quiet_log(enum ggml_log_level level, const char * text, void * ud) {
@@ -77,16 +87,28 @@ static bool capture_cb(struct ggml_tensor * t, bool ask, void * ud) {
 
 static int alloc_batch(struct swarm_span * s) {
     size_t n = (size_t) s->n_batch;
-    s->pos      = calloc(n, sizeof(*s->pos));
+    s->pos      = calloc(n * GGML_MROPE_SECTIONS, sizeof(*s->pos));  // room for M-RoPE sections
     s->n_seq_id = calloc(n, sizeof(*s->n_seq_id));
     s->seq_ptr  = calloc(n, sizeof(*s->seq_ptr));
     s->logits   = calloc(n, sizeof(*s->logits));
     if (!s->pos || !s->n_seq_id || !s->seq_ptr || !s->logits) {
         return SWARM_ERR_CONTEXT;
     }
+    s->seq_ids  = calloc(n, sizeof(*s->seq_ids));
+    s->seq_ptrs = calloc(n, sizeof(*s->seq_ptrs));
+    if (!s->seq_ids || !s->seq_ptrs) {
+        return SWARM_ERR_CONTEXT;
+    }
+    if (!s->is_last) {
+        s->cap_scratch = malloc(n * (size_t) s->n_embd * sizeof(float));
+        if (!s->cap_scratch) {
+            return SWARM_ERR_CONTEXT;
+        }
+    }
     for (size_t i = 0; i < n; i++) {
         s->n_seq_id[i] = 1;
         s->seq_ptr[i]  = &s->seq_slot;
+        s->seq_ptrs[i] = &s->seq_ids[i];
     }
     return SWARM_OK;
 }
@@ -125,6 +147,11 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
         return SWARM_ERR_LOAD;
     }
     s->n_embd  = llama_model_n_embd(s->model);
+    {
+        const enum llama_rope_type rt = llama_model_rope_type(s->model);
+        const bool mrope = rt == LLAMA_ROPE_TYPE_MROPE || rt == LLAMA_ROPE_TYPE_IMROPE;
+        s->n_pos_per_token = mrope ? GGML_MROPE_SECTIONS : 1;
+    }
     s->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(s->model));
     if (!s->is_last && p->capture_layer >= llama_model_n_layer(s->model)) {
         swarm_span_close(s);
@@ -175,6 +202,9 @@ void swarm_span_close(struct swarm_span * s) {
     free(s->n_seq_id);
     free(s->seq_ptr);
     free(s->logits);
+    free(s->seq_ids);
+    free(s->seq_ptrs);
+    free(s->cap_scratch);
     free(s);
 }
 
@@ -187,6 +217,19 @@ static int check_seq(const struct swarm_span * s, int32_t seq_id) {
         return SWARM_ERR_ARG;
     }
     return (seq_id < 0 || (uint32_t) seq_id >= s->n_seq_max) ? SWARM_ERR_SEQ : SWARM_OK;
+}
+
+// M-RoPE: llama.cpp reads an embedding batch's positions section-major (pos[j * n + i]) as given,
+// but turns a token batch's one position p into (p, p, p, 0) (llm_graph_input_pos::set_input);
+// give text positions exactly that way, so a span equals the whole model fed token ids.
+static void spread_pos(struct swarm_span * s, int32_t n) {
+    for (int32_t j = 1; j < s->n_pos_per_token; j++) {
+        if (j < 3) {
+            memcpy(s->pos + (size_t) j * n, s->pos, sizeof(*s->pos) * (size_t) n);
+        } else {
+            memset(s->pos + (size_t) j * n, 0, sizeof(*s->pos) * (size_t) n);
+        }
+    }
 }
 
 static int map_decode_rc(int rc) {
@@ -215,6 +258,7 @@ static int decode_chunk(struct swarm_span * s, const struct swarm_span_step * st
         s->cap_max_rows = n;
         s->cap_err      = 0;
     }
+    spread_pos(s, b.n_tokens);
     int rc = llama_decode(s->ctx, b);
     s->cap_dst = NULL;
     if (rc != 0) {
@@ -264,6 +308,118 @@ int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * st)
         }
     }
     return SWARM_OK;
+}
+
+// Checks one step of a batch: arguments, sequence id, output capacity, position continuity.
+static int check_step(struct swarm_span * s, const struct swarm_span_step * st) {
+    if (!st->embd || !st->out || st->n_tokens < 1 || st->pos0 < 0 || st->pos0 > INT32_MAX - st->n_tokens) {
+        return SWARM_ERR_ARG;
+    }
+    int rc = check_seq(s, st->seq_id);
+    if (rc != SWARM_OK) {
+        return rc;
+    }
+    size_t width = s->is_last ? (size_t) s->n_vocab : (size_t) s->n_embd;
+    size_t rows  = (!s->is_last || st->all_logits) ? (size_t) st->n_tokens : 1;
+    if (st->out_cap < rows * width) {
+        return SWARM_ERR_BUF;
+    }
+    return st->pos0 == llama_memory_seq_pos_max(s->mem, st->seq_id) + 1 ? SWARM_OK : SWARM_ERR_POS;
+}
+
+// Copies the batch's output rows back into each step's out buffer (rows in batch order).
+static int split_outputs(struct swarm_span * s, const struct swarm_span_step * steps, int32_t n_steps) {
+    int32_t row = 0;
+    for (int32_t k = 0; k < n_steps; k++) {
+        const struct swarm_span_step * st = &steps[k];
+        if (!s->is_last) {
+            memcpy(st->out, s->cap_scratch + (size_t) row * s->n_embd,
+                   sizeof(float) * (size_t) st->n_tokens * (size_t) s->n_embd);
+            row += st->n_tokens;
+            continue;
+        }
+        for (int32_t i = 0; i < st->n_tokens; i++, row++) {
+            if (!s->logits[row]) {
+                continue;
+            }
+            const float * lg = llama_get_logits_ith(s->ctx, row);
+            if (!lg) {
+                return SWARM_ERR_DECODE;
+            }
+            size_t dst = st->all_logits ? (size_t) i : 0;
+            memcpy(st->out + dst * s->n_vocab, lg, sizeof(float) * (size_t) s->n_vocab);
+        }
+    }
+    return SWARM_OK;
+}
+
+int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step * steps, int32_t n_steps) {
+    if (!s || !steps || n_steps < 1 || (uint32_t) n_steps > s->n_seq_max) {
+        return SWARM_ERR_ARG;
+    }
+    int32_t total = 0;
+    for (int32_t k = 0; k < n_steps; k++) {
+        int rc = check_step(s, &steps[k]);
+        if (rc != SWARM_OK) {
+            return rc;
+        }
+        for (int32_t j = 0; j < k; j++) {
+            if (steps[j].seq_id == steps[k].seq_id) {
+                return SWARM_ERR_ARG;  // two steps of one sequence would race for its positions
+            }
+        }
+        if (steps[k].n_tokens > s->n_batch - total) {
+            return SWARM_ERR_ARG;  // the caller splits: one llama_decode call per batch
+        }
+        total += steps[k].n_tokens;
+    }
+    // The embeddings of all steps must be contiguous for llama_batch.embd: gather them.
+    float * embd = malloc(sizeof(float) * (size_t) total * (size_t) s->n_embd);
+    if (!embd) {
+        return SWARM_ERR_DECODE;
+    }
+    int32_t t = 0;
+    for (int32_t k = 0; k < n_steps; k++) {
+        const struct swarm_span_step * st = &steps[k];
+        memcpy(embd + (size_t) t * s->n_embd, st->embd, sizeof(float) * (size_t) st->n_tokens * s->n_embd);
+        for (int32_t i = 0; i < st->n_tokens; i++, t++) {
+            s->pos[t]     = st->pos0 + i;
+            s->seq_ids[t] = st->seq_id;
+            s->logits[t]  = s->is_last ? (int8_t) (st->all_logits || i == st->n_tokens - 1) : 1;
+        }
+    }
+    struct llama_batch b = {
+        .n_tokens = total,
+        .token    = NULL,
+        .embd     = embd,
+        .pos      = s->pos,
+        .n_seq_id = s->n_seq_id,
+        .seq_id   = s->seq_ptrs,
+        .logits   = s->logits,
+    };
+    if (!s->is_last) {
+        s->cap_dst      = s->cap_scratch;
+        s->cap_rows     = 0;
+        s->cap_max_rows = total;
+        s->cap_err      = 0;
+    }
+    spread_pos(s, b.n_tokens);
+    int rc = llama_decode(s->ctx, b);
+    s->cap_dst = NULL;
+    free(embd);
+    if (rc != 0) {
+        rc = map_decode_rc(rc);
+    } else if (!s->is_last && (s->cap_err || s->cap_rows != total)) {
+        rc = SWARM_ERR_CAPTURE;
+    } else {
+        rc = split_outputs(s, steps, n_steps);
+    }
+    if (rc != SWARM_OK) {
+        for (int32_t k = 0; k < n_steps; k++) {
+            llama_memory_seq_rm(s->mem, steps[k].seq_id, steps[k].pos0, -1);
+        }
+    }
+    return rc;
 }
 
 int swarm_span_truncate(struct swarm_span * s, int32_t seq_id, int32_t pos) {

@@ -87,6 +87,16 @@ int32_t swarm_span_n_ctx  (const struct swarm_span * s);  // KV cells after llam
 // DECODE, CAPTURE, BUF.
 int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * step);
 
+// Run one step for each of n_steps different sequences in ONE llama_decode call (one ubatch), so
+// the weights are read once for all of them. steps[k] is read as for swarm_span_execute and its
+// out gets the same rows it would get there. Needs 1 <= n_steps <= n_seq_max, distinct seq_ids and
+// sum of n_tokens <= n_batch (the caller splits longer work). Atomic for the whole batch: on any
+// error every step's sequence is as before the call. Results per sequence equal a solo step only
+// where llama.cpp's kernels do not depend on the batch's row count (see tests/parity/
+// test_executor_sessions.py). Errors: ARG (also duplicate seq_id, too many tokens), SEQ, POS,
+// KV_FULL, DECODE, CAPTURE, BUF.
+int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step * steps, int32_t n_steps);
+
 // Drop positions >= pos of seq_id (pos >= 0). Errors: ARG, SEQ, STATE.
 int swarm_span_truncate(struct swarm_span * s, int32_t seq_id, int32_t pos);
 

@@ -9,6 +9,7 @@ scenario as a table, then one JSON line per scenario.
     .venv/bin/python scripts/bench_sim.py                       # both 10,000-peer scenarios
     .venv/bin/python scripts/bench_sim.py swarm43_300           # any named scenario
     .venv/bin/python scripts/bench_sim.py --peers 2000 swarm43_10k
+    .venv/bin/python scripts/bench_sim.py --model deepseek-v4-flash --peers 300 swarm43_300
 
 Acceptance (issue item 4): a complete chain at least 99% of virtual time, at least 99% of
 generations complete, the planner under 50 ms per route at 10,000 peers.
@@ -27,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sim.runner import run  # noqa: E402
-from sim.scenarios import SCENARIOS  # noqa: E402
+from sim.scenarios import MODELS, SCENARIOS  # noqa: E402
 
 TABLE = (
     ("complete chain, fraction of virtual time", "complete_chain_time", ">= 0.99"),
@@ -100,6 +101,7 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--peers", type=int, help="override the number of peers")
     ap.add_argument("--seed", type=int, help="override the seed")
+    ap.add_argument("--model", choices=sorted(MODELS), help="serve this model's real sizes and volunteer mix")
     args = ap.parse_args(argv)
     unknown = [n for n in args.names if n not in SCENARIOS]
     if unknown:
@@ -112,6 +114,9 @@ def main(argv: list[str]) -> int:
             sc = replace(sc, members=replace(sc.members, n_peers=args.peers))
         if args.seed is not None:
             sc = replace(sc, seed=args.seed)
+        if args.model:
+            model, mix = MODELS[args.model]
+            sc = replace(sc, model=model, mix=mix)
         print(f"running {name}: {sc.members.n_peers} peers, {sc.model.name} ...", file=sys.stderr, flush=True)
         s = run(sc, _progress(time.perf_counter())).summary()
         s["load_average"] = round(os.getloadavg()[0], 2)

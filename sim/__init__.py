@@ -21,7 +21,8 @@ Files:
         against a fault-free run; leaks counted.
     __main__.py: `python -m sim [NAME ...]` lists the scenarios, or runs them (one JSON line each).
 
-Imports swarm.route, swarm.kv, swarm.wire, swarm.errors, swarm.client.session and
-swarm.peer.rebalance (all free of I/O) — never swarm.dht, hivemind, libtorrent or llama.cpp.
+Imports swarm.route, swarm.kv, swarm.wire, swarm.errors, swarm.client.session,
+swarm.peer.rebalance, swarm.arch and swarm.sizing (all free of I/O) — never swarm.dht, hivemind,
+libtorrent or llama.cpp.
 The real code it drives is unchanged; the stand-ins are the network, the DHT and the compute.
 """

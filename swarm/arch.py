@@ -16,26 +16,31 @@ from swarm.errors import UnsupportedArchitecture
 
 @dataclass(frozen=True)
 class SwaPattern:
-    """How llama.cpp derives a per-layer sliding-window flag when the GGUF does not list it.
+    """How llama.cpp derives a per-layer flag from a period when the GGUF does not list the flags.
 
-    llama.cpp's `set_swa_pattern(n_pattern, dense_first)`: layer `il` uses sliding-window attention
-    iff `n_pattern == 0 or il % n_pattern < n_pattern - 1` (or `il % n_pattern != 0` when
-    `dense_first`). The pattern depends on the layer's index in the file, so a span that does not
-    start at a multiple of `n_pattern` must carry the flags explicitly.
+    Sliding-window attention (llama.cpp's `set_swa_pattern(n_pattern, dense_first)`): layer `il`
+    uses the window iff `n_pattern == 0 or il % n_pattern < n_pattern - 1` (or
+    `il % n_pattern != 0` when `dense_first`). Recurrent layers of hybrid models follow the same
+    rule (`(il + 1) % full_attention_interval != 0`). The flag depends on the layer's index in the
+    file, so a span that does not start at a multiple of the period must carry the flags explicitly.
 
     Attributes:
-        key_suffix: metadata key after `<arch>.`; holds either a period (uint) or a bool array.
+        key_suffix: metadata key after `<arch>.` holding the period (uint), or the bool array itself
+            when `array_key_suffix` is None.
         default_period: period llama.cpp assumes when the key is absent.
         dense_first: the dense (global-attention) layer opens each period instead of closing it.
-        window_key_suffix: the pattern applies only if `<arch>.<this>` is present and > 0.
+        window_key_suffix: None, or the pattern applies only if `<arch>.<this>` is present and > 0.
         reason: why the row needs this.
+        array_key_suffix: None, or the separate key llama.cpp reads as the per-layer flag array
+            (written by slicing; it takes precedence over the period in llama.cpp's loader).
     """
 
     key_suffix: str
     default_period: int
     dense_first: bool
-    window_key_suffix: str
+    window_key_suffix: str | None
     reason: str
+    array_key_suffix: str | None = None
 
     def flags(self, n_layers: int, period: int) -> list[bool]:
         """Per-layer sliding-window flags for a whole model of `n_layers` blocks.
@@ -48,6 +53,77 @@ class SwaPattern:
         if self.dense_first:
             return [il % period != 0 for il in range(n_layers)]
         return [il % period < period - 1 for il in range(n_layers)]
+
+
+@dataclass(frozen=True)
+class LayerTable:
+    """A per-layer array llama.cpp fills from a built-in table when the GGUF does not list it.
+
+    Attributes:
+        key_suffix: the per-layer array key after `<arch>.` (written explicitly by slicing).
+        table: llama.cpp's default values by global layer index, used when the model's
+            `<arch>.context_length` >= `min_context_length`; otherwise every layer gets `otherwise`.
+        min_context_length: see `table`.
+        otherwise: the value of every layer below that context length.
+        reason: why the row needs this.
+    """
+
+    key_suffix: str
+    table: tuple[int, ...]
+    min_context_length: int
+    otherwise: int
+    reason: str
+
+    def values(self, n_layers: int, context_length: int) -> list[int]:
+        """llama.cpp's default values for a whole model of `n_layers` blocks."""
+        if context_length >= self.min_context_length:
+            return list(self.table[:n_layers])
+        return [self.otherwise] * n_layers
+
+
+@dataclass(frozen=True)
+class CutConstraint:
+    """Where a span may start: only at a layer whose per-layer value of a key is nonzero.
+
+    Attributes:
+        key_suffix: the per-layer array key after `<arch>.` (its default from `derived_layer_keys`).
+        reason: why a span cannot start elsewhere.
+    """
+
+    key_suffix: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class MixedSpan:
+    """Every span must hold at least one layer with a per-layer flag set and one with it clear.
+
+    Attributes:
+        pattern: the `SwaPattern` (in `derived_layer_keys`) whose flags are checked.
+        reason: why.
+    """
+
+    pattern: SwaPattern
+    reason: str
+
+
+@dataclass(frozen=True)
+class Sideband:
+    """Something besides the residual stream that must cross a hop (a typed part of the Forward frame).
+
+    Attributes:
+        name: the field's name in the frame.
+        version: bumped when its encoding changes.
+        dtype: numpy dtype string of one element.
+        per_token: elements per token.
+        reason: why the boundary needs it.
+    """
+
+    name: str
+    version: int
+    dtype: str
+    per_token: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -64,8 +140,36 @@ class ArchRow:
             `sqrtf(n_embd)` (f32) only when fed token ids, so whoever embeds tokens applies it.
         tied_head_fallback: the output head may be absent, in which case llama.cpp uses
             `token_embd.weight` as the head.
-        state_kind: "kv" (attention KV cache; rollback by position is exact).
+        state_kind: "kv" (attention KV cache; rollback by position is exact) or "hybrid" (KV for the
+            attention layers plus a per-sequence recurrent state for the others: the state holds only
+            the latest position, so a sequence cannot be truncated to an earlier position; a span
+            keeps its own layers' state, so it can still be split, and a whole-sequence snapshot
+            (export/import at the sequence's end) stays exact).
         swa_pattern: None, or how llama.cpp derives per-layer sliding-window flags implicitly.
+        derived_layer_keys: more per-layer arrays llama.cpp derives from the index in the file
+            when absent (`SwaPattern` with `array_key_suffix`, or `LayerTable`); slicing writes
+            them explicitly.
+        leading_count_keys: scalar keys counting the model's first layers of a kind (e.g. leading
+            dense blocks before the MoE ones): a span [a, b) stores `clamp(v - a, 0, b - a)`.
+        mtp_layers_key: None, or the key counting multi-token-prediction blocks that llama.cpp
+            stores after the last layer and counts in `<arch>.block_count`: slicing refuses a GGUF
+            where it is > 0 (the manifest and routes would take those blocks for layers), and
+            never writes it into a span.
+        default_keys: `(key suffix, uint)` written into a span when the source lacks the key,
+            because llama.cpp requires it for some block counts and not others.
+        refused_span_lengths: span lengths (blocks) llama.cpp would mistake for another model
+            variant when the source has every `default_keys` key; slicing refuses them with
+            `span_length_reason`.
+        sidebands: what besides the hidden state must cross each hop, typed and versioned.
+        boundary_width: residual-stream rows per token per hop, in units of `n_embd` float32.
+        split_refusal: None, or why unmodified llama.cpp cannot run this architecture from hidden
+            states: `swarm serve` and slicing refuse it with this reason.
+        cut_constraint: None, or where spans may start (`swarm.ggml_bridge.slicing.legal_starts`).
+        mixed_span: None, or every span must hold layers of both kinds of a per-layer flag.
+        pos_per_token: positions llama.cpp reads per token of an embedding batch (M-RoPE: 4, section-
+            major `pos[j * n_tokens + i]`, where a token batch's position p becomes (p, p, p, 0)).
+            The C executor derives it from the model's rope type and fills it so; recorded here for
+            sizing and as the reason (measured: with one position per token, logits off by ~3).
         final_tensors: non-block tensor names the final span needs besides the head.
         torch_reference: `swarm.reference` implements this block (llama-style: RMSNorm, rotary
             attention with grouped KV heads, optional q/k/v bias, SwiGLU).
@@ -83,6 +187,27 @@ class ArchRow:
     final_tensors: tuple[str, ...] = ("output_norm.weight",)
     torch_reference: bool = False
     rope_neox: bool = False
+    derived_layer_keys: tuple[SwaPattern | LayerTable, ...] = ()
+    leading_count_keys: tuple[str, ...] = ()
+    mtp_layers_key: str | None = None
+    default_keys: tuple[tuple[str, int], ...] = ()
+    refused_span_lengths: tuple[int, ...] = ()
+    span_length_reason: str = ""
+    sidebands: tuple[Sideband, ...] = ()
+    boundary_width: int = 1
+    split_refusal: str | None = None
+    cut_constraint: CutConstraint | None = None
+    mixed_span: MixedSpan | None = None
+    pos_per_token: int = 1
+
+    @property
+    def rollback_exact(self) -> bool:
+        """Truncating a sequence to an earlier position is exact (no recurrent state)."""
+        return self.state_kind == "kv"
+
+    def boundary_bytes_per_token(self, n_embd: int) -> int:
+        """Bytes of residual stream per token crossing a hop (float32), sidebands excluded."""
+        return 4 * n_embd * self.boundary_width
 
 
 _GEMMA_SWA = SwaPattern(
@@ -92,6 +217,50 @@ _GEMMA_SWA = SwaPattern(
     window_key_suffix="attention.sliding_window",
     reason="llama.cpp derives sliding-window layers from the index in the file (il % 6 < 5); "
            "a span starting elsewhere must list the flags explicitly",
+)
+
+_RECURRENT_PATTERN = SwaPattern(
+    key_suffix="full_attention_interval",
+    array_key_suffix="attention.recurrent_layers",
+    default_period=4,
+    dense_first=False,
+    window_key_suffix=None,
+    reason="llama.cpp marks layer il recurrent iff (il + 1) % full_attention_interval != 0, counted in "
+           "the file; a span starting off the period must list the recurrent layers explicitly",
+)
+
+_HYBRID_MIXED = MixedSpan(
+    pattern=_RECURRENT_PATTERN,
+    reason="llama.cpp's hybrid memory sets the inputs of both caches (attention mask and recurrent "
+           "state copy) on every batch; in a span without layers of one kind that input is pruned "
+           "from the graph and has no buffer (measured: GGML_ASSERT(buffer) in "
+           "llm_graph_input_mem_hybrid::set_input), so every span holds both recurrent and "
+           "attention layers",
+)
+
+# llama.cpp 0c1e57098 src/models/glm-dsa.cpp GLM_5_2_DEFAULT_INDEXER_TYPES (zai-org/GLM-5.2 config.json)
+_GLM52_INDEXER_TYPES = (1, 1) + (1, 0, 0, 0) * 19
+_GLM_INDEXER = LayerTable(
+    key_suffix="attention.indexer.types",
+    table=_GLM52_INDEXER_TYPES,
+    min_context_length=1048576,
+    otherwise=1,
+    reason="without indexer types llama.cpp uses GLM-5.2's table by global layer index (1M context) or "
+           "full indexers everywhere; a span must list its layers' types explicitly",
+)
+
+_DENSE_LEAD = ("leading_dense_block_count",)
+_MTP = "nextn_predict_layers"
+
+# DeepSeek-V4: the residual stream is `hyper_connection.count` (4) copies of n_embd per token
+# (llama.cpp builds [n_embd, hc, n_tokens] from the embedding with ggml_repeat), the first
+# `hash_layer_count` layers route experts by token id (ffn_gate_tid2eid), and a batch given as
+# embeddings takes the multimodal path (ubatch.embd != NULL -> exp_probs_b_vl, no hash routing).
+_DSV4_REFUSAL = (
+    "llama.cpp's deepseek4 graph cannot run a layer span from hidden states: its residual stream is "
+    "hyper_connection.count x n_embd per token (it repeats the n_embd input embedding hc times), its "
+    "hash-routed layers read token ids, and an embedding batch takes the multimodal routing path; "
+    "serving it needs a modified executor (see docs/deepseek-v4-flash.md)"
 )
 
 _ROWS: dict[str, ArchRow] = {
@@ -104,6 +273,42 @@ _ROWS: dict[str, ArchRow] = {
             per_layer_keys=("attention.sliding_window_pattern",),
             embedding_scale="sqrt_hidden",
             swa_pattern=_GEMMA_SWA,
+        ),
+        ArchRow(name="qwen3moe", rope_neox=True),
+        # MLA: the KV cache holds the compressed latent (kv_lora_rank + rope dims) per token, one
+        # head; attn_kv_a_mqa / attn_k_b / attn_v_b are per-layer tensors like any other.
+        # llama.cpp guesses a "lite" DeepSeek-V2 from the block count (26 or 27 layers, or 48 with a
+        # 128,256 vocabulary) and then skips q_lora_rank: a lite model's span of another length
+        # needs q_lora_rank = 0 written, and a full model's span of those lengths would load as lite
+        ArchRow(name="deepseek2", leading_count_keys=_DENSE_LEAD, mtp_layers_key=_MTP,
+                default_keys=(("attention.q_lora_rank", 0),),
+                refused_span_lengths=(26, 27, 48),
+                span_length_reason="llama.cpp takes a deepseek2 file of 26, 27 or 48 blocks for a "
+                                   "'lite' model and ignores its q_lora_rank, so the span would not load"),
+        # DSA: as deepseek2, plus per-layer indexer tensors and an indexer key cache per layer.
+        ArchRow(name="glm-dsa", leading_count_keys=_DENSE_LEAD, mtp_layers_key=_MTP,
+                derived_layer_keys=(_GLM_INDEXER,),
+                cut_constraint=CutConstraint(
+                    key_suffix="attention.indexer.types",
+                    reason="a layer with a shared indexer (type 0) reuses the top-k token selection of "
+                           "the previous full-indexer layer inside the same graph; a span starting at "
+                           "it would have none (measured: llama.cpp aborts), so spans start only at "
+                           "full-indexer layers")),
+        ArchRow(name="qwen35", rope_neox=True, state_kind="hybrid", mtp_layers_key=_MTP,
+                derived_layer_keys=(_RECURRENT_PATTERN,), mixed_span=_HYBRID_MIXED,
+                pos_per_token=4),
+        ArchRow(name="qwen35moe", rope_neox=True, state_kind="hybrid", mtp_layers_key=_MTP,
+                derived_layer_keys=(_RECURRENT_PATTERN,), mixed_span=_HYBRID_MIXED,
+                pos_per_token=4),
+        ArchRow(
+            name="deepseek4",
+            capture_name="l_last",
+            leading_count_keys=("hash_layer_count",),
+            mtp_layers_key=_MTP,
+            boundary_width=4,
+            sidebands=(Sideband(name="token_ids", version=1, dtype="<i4", per_token=1,
+                                reason="hash-routed MoE layers pick experts by token id at every span"),),
+            split_refusal=_DSV4_REFUSAL,
         ),
     )
 }
@@ -122,6 +327,109 @@ def arch_row(arch: str) -> ArchRow:
     return row
 
 
+def servable_row(arch: str) -> ArchRow:
+    """The row for `arch`, checked that a peer can run layer spans of it from hidden states.
+
+    Raises:
+        UnsupportedArchitecture: no row, or the row's `split_refusal` (the message gives the reason).
+    """
+    row = arch_row(arch)
+    if row.split_refusal is not None:
+        raise UnsupportedArchitecture(
+            f"architecture {arch!r} cannot be served as layer spans: {row.split_refusal}")
+    return row
+
+
 def supported_architectures() -> tuple[str, ...]:
     """Names of every architecture with a row, sorted."""
     return tuple(sorted(_ROWS))
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """A published model's configuration, for sizing and the simulator (no weights involved).
+
+    Shapes follow the vendored llama.cpp loader of `arch` (tensor by tensor, see `swarm.sizing`).
+
+    Attributes:
+        name: the model's name.
+        arch: GGUF architecture (a row of this table).
+        n_layers, n_embd, n_head, head_dim, n_vocab: depth, hidden size, attention heads, head size,
+            vocabulary.
+        q_lora_rank, o_lora_rank, o_groups: low-rank query and grouped low-rank output projections.
+        n_expert, n_expert_used, n_expert_shared, n_ff_exp: routed experts, experts per token,
+            shared experts, expert hidden size.
+        n_hash_layers: leading layers whose experts are picked by token id.
+        hc_mult: hyper-connection streams of the residual (1 = a plain residual stream).
+        compress_ratios: per layer KV compression (0: sliding window only; 4: compressed + indexer;
+            128: heavily compressed).
+        sliding_window: tokens of raw KV each layer keeps.
+        indexer_n_head, indexer_head_dim: the sparse-attention indexer of ratio-4 layers.
+        context_length: trained context.
+        total_params, active_params: as published (checked against `swarm.sizing`).
+        sources: where the figures come from.
+    """
+
+    name: str
+    arch: str
+    n_layers: int
+    n_embd: int
+    n_head: int
+    head_dim: int
+    n_vocab: int
+    q_lora_rank: int
+    o_lora_rank: int
+    o_groups: int
+    n_expert: int
+    n_expert_used: int
+    n_expert_shared: int
+    n_ff_exp: int
+    n_hash_layers: int
+    hc_mult: int
+    compress_ratios: tuple[int, ...]
+    sliding_window: int
+    indexer_n_head: int
+    indexer_head_dim: int
+    context_length: int
+    total_params: float
+    active_params: float
+    sources: tuple[str, ...]
+
+
+DEEPSEEK_V4_FLASH = ModelCard(
+    name="DeepSeek-V4-Flash",
+    arch="deepseek4",
+    n_layers=43,
+    n_embd=4096,
+    n_head=64,
+    head_dim=512,
+    n_vocab=129280,
+    q_lora_rank=1024,
+    o_lora_rank=1024,
+    o_groups=8,
+    n_expert=256,
+    n_expert_used=6,
+    n_expert_shared=1,
+    n_ff_exp=2048,
+    n_hash_layers=3,
+    hc_mult=4,
+    # layers 0-1: window only; then 4 and 128 alternate from layer 2 (config.json compress_ratios,
+    # whose trailing entries belong to the MTP block)
+    compress_ratios=(0, 0) + tuple(4 if i % 2 == 0 else 128 for i in range(41)),
+    sliding_window=128,
+    indexer_n_head=64,
+    indexer_head_dim=128,
+    context_length=1_048_576,
+    total_params=284e9,
+    active_params=13e9,
+    sources=(
+        "huggingface.co/deepseek-ai/DeepSeek-V4-Flash model card: 284B total, 13B activated, 1M context",
+        "its config.json (hidden_size 4096, num_hidden_layers 43, num_attention_heads 64, head_dim 512, "
+        "q_lora_rank 1024, o_lora_rank 1024, o_groups 8, n_routed_experts 256, num_experts_per_tok 6, "
+        "n_shared_experts 1, moe_intermediate_size 2048, num_hash_layers 3, hc_mult 4, sliding_window "
+        "128, index_n_heads 64, index_head_dim 128, vocab_size 129280), as reproduced by third-party "
+        "config validators; NVIDIA NeMo AutoModel model-coverage page (43 layers, 256 routed + 1 "
+        "shared expert, top-6, hc_mult 4)",
+        "llama.cpp 0c1e57098 src/models/deepseek4.cpp load_arch_tensors (tensor shapes)",
+    ),
+)

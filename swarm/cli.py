@@ -136,6 +136,7 @@ def _parser() -> argparse.ArgumentParser:
         help="disk for prefix snapshots evicted from memory, under the data dir (default 0: none)",
     )
     s.add_argument("--debug-tamper-snapshots", default=None, help=argparse.SUPPRESS)
+    s.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on --host:PORT")
     s.set_defaults(func=_serve)
 
     d = sub.add_parser("dht", help="run a DHT-only peer and print the multiaddrs others join with")
@@ -169,7 +170,35 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_status)
+
+    ap = sub.add_parser("api", help="OpenAI-compatible HTTP API and health page for a model on the swarm")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help=f"NAME, PATH or MODEL_ID ({DEFAULT_MODEL})")
+    ap.add_argument("--local", action="store_true", help="run the whole model in this process")
+    ap.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR", help="peers to join through")
+    ap.add_argument("--host", default="127.0.0.1", help="HTTP listen address, an IP literal")
+    ap.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000; 0: any free port)")
+    ap.add_argument("--threads", type=int, default=None, help="compute threads (--local)")
+    ap.add_argument("--status-period", type=float, default=2.0, help="seconds between health-page reads")
+    ap.set_defaults(func=_api)
     return p
+
+
+def _api(args) -> None:
+    from swarm.api.server import ApiConfig, run_api
+
+    if not args.local and not args.initial_peers:
+        raise SwarmError("pass --initial-peers MADDR to serve the swarm's model, or --local")
+    run_api(
+        ApiConfig(
+            model=args.model,
+            local=args.local,
+            initial_peers=tuple(args.initial_peers),
+            host=args.host,
+            port=args.port,
+            n_threads=args.threads,
+            status_period_s=args.status_period,
+        )
+    )
 
 
 def _add_peer_args(p: argparse.ArgumentParser, bittorrent: bool = False) -> None:
@@ -268,6 +297,7 @@ def _serve(args) -> None:
             prefix_cache_bytes=args.prefix_cache_bytes,
             prefix_disk_bytes=args.prefix_disk_bytes,
             debug_tamper_snapshots=args.debug_tamper_snapshots,
+            metrics_port=args.metrics_port,
         )
     )
 

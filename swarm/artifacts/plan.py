@@ -18,6 +18,8 @@ from swarm.manifest import Manifest, TensorInfo
 TOKEN_EMBD = "token_embd.weight"
 OUTPUT_NORM = "output_norm.weight"
 OUTPUT = "output.weight"
+OUTPUT_BIAS = "output.bias"
+_NOT_GLOBAL = frozenset({TOKEN_EMBD, OUTPUT, OUTPUT_BIAS})
 
 ByteRange = tuple[int, int]
 """(offset, length) in bytes, absolute in the file; length > 0."""
@@ -28,11 +30,16 @@ def span_tensors(
 ) -> tuple[TensorInfo, ...]:
     """Tensors a peer serving blocks [start, end) needs, in file order.
 
+    Every span file carries the model's global tensors (those of no block, such as `output_norm`
+    and `rope_freqs`, wherever they lie in the file) besides its blocks, so they are always
+    fetched and verified: the span builder copies every one of them.
+
     Args:
         manifest: the model's manifest.
         start, end: global layer indices, half-open; 0 <= start < end <= n_layers.
         need_embd: include `token_embd` (the span embeds token ids itself).
-        need_head: include `output_norm` and `output` (or `token_embd` for a tied head).
+        need_head: include `output_norm` and `output` (and `output.bias` if any), or `token_embd` for
+            a tied head.
     Returns:
         the tensors, deduplicated, sorted by offset.
     Raises:
@@ -46,6 +53,9 @@ def span_tensors(
     if need_head:
         names.add(OUTPUT_NORM)
         names.add(OUTPUT if manifest.has_tensor(OUTPUT) else TOKEN_EMBD)
+        if manifest.has_tensor(OUTPUT_BIAS):
+            names.add(OUTPUT_BIAS)
+    names.update(t.name for t in manifest.tensors if t.layer is None and t.name not in _NOT_GLOBAL)
     missing = sorted(n for n in names if not manifest.has_tensor(n))
     if missing:
         raise ArtifactError(f"model {manifest.model_id[:16]}... has no tensor(s) {', '.join(missing)}")

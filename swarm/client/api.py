@@ -13,6 +13,7 @@ from swarm.client.generate import Generation, GenerationRequest, TokenStream
 from swarm.client.text import check_utf8
 from swarm.client.tokenizer import Tokenizer
 from swarm.errors import RequestError
+from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.models import DEFAULT_MODEL, resolve_model
 from swarm.sampling import SamplingParams
 
@@ -122,6 +123,28 @@ class Client:
     ) -> Generation:
         """Answer chat `messages` ([{"role": ..., "content": ...}]); return the finished generation."""
         return self.chat_stream(messages, max_new_tokens, temperature, top_p, top_k, seed, stop).run()
+
+    @property
+    def context_limit(self) -> int:
+        """Tokens (prompt + generated) one generation may hold: the model's context, at most 131,072."""
+        return min(self._engine.context_limit, MAX_CONTEXT_TOKENS)
+
+    def stream_tokens(
+        self,
+        tokens: Sequence[int],
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int = 0,
+        stop: Sequence[str] = (),
+    ) -> TokenStream:
+        """Like `stream`, from prompt token ids (e.g. `self.tokenizer.chat_prompt(messages)`).
+
+        Raises:
+            RequestError: as `stream` (no tokens, bad sampling values, over the context).
+        """
+        return self._stream(list(tokens), max_new_tokens, temperature, top_p, top_k, seed, stop)
 
     def close(self) -> None:
         """Release the swarm connection (a no-op for the local backend)."""

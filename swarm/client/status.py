@@ -11,7 +11,7 @@ from rich.table import Table
 from swarm.artifacts.distribute import find_manifest
 from swarm.client.remote import SwarmConnection
 from swarm.dht.records import Announcement
-from swarm.manifest import build_manifest
+from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model
 from swarm.errors import NoRoute
 from swarm.route.chains import ChainReport, analyze_chains
@@ -154,11 +154,20 @@ def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
     """
     conn = SwarmConnection(initial_peers)
     try:
-        if is_model_id(model):
-            manifest = conn.loop.run(find_manifest(conn.dht, model), timeout_s=60)
-        else:
-            manifest = build_manifest(resolve_model(model, progress=True))
+        manifest = model_manifest(conn, model)
         peers = conn.announcements(manifest.model_id)
     finally:
         conn.close()
     return status_report(manifest.model_id, manifest.n_layers, peers)
+
+
+def model_manifest(conn: SwarmConnection, model: str) -> Manifest:
+    """The manifest of `model`: built from the local file of a name or path, or read from the DHT
+    for a model_id.
+
+    Raises:
+        ModelError, ArtifactError, SwarmError: unknown model, unreadable file, or no manifest in the DHT.
+    """
+    if is_model_id(model):
+        return conn.loop.run(find_manifest(conn.dht, model), timeout_s=60)
+    return build_manifest(resolve_model(model, progress=True))

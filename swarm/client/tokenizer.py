@@ -67,7 +67,6 @@ class Tokenizer:
         self._llama = llama
         self._vocab = llama_cpp.llama_model_get_vocab(llama.model)
         self.n_vocab = llama.n_vocab()
-        self._buf = ctypes.create_string_buffer(256)
 
     @classmethod
     def from_gguf(cls, path: Path) -> "Tokenizer":
@@ -85,12 +84,14 @@ class Tokenizer:
 
     def piece(self, token: int) -> bytes:
         """The bytes of one generated token (may be part of a UTF-8 character)."""
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._buf, len(self._buf), 0, False)
+        # A buffer per call: ctypes releases the GIL, so streams of one Client on several threads
+        # would otherwise write one shared buffer at once.
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            return buf.raw[:n]
-        return self._buf.raw[:n]
+        return buf.raw[:n]
 
     def decode(self, tokens: Sequence[int]) -> str:
         """Text of several tokens (invalid UTF-8 replaced)."""

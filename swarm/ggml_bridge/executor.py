@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -54,6 +55,23 @@ class ExecutorConfig:
     n_batch: int = 512
     n_ubatch: int = 512
     flash_attn: bool = True
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    """One sequence's step in `SpanExecutor.forward_batch`.
+
+    Attributes:
+        seq_id: sequence id in [0, n_seq_max).
+        pos0: position of the first row; pos_max(seq_id) + 1.
+        hidden: [n, n_embd] float32 (float16 accepted), n >= 1, finite.
+        all_logits: last span only: logits of every row instead of the last.
+    """
+
+    seq_id: int
+    pos0: int
+    hidden: np.ndarray
+    all_logits: bool = False
 
 
 class SpanExecutor:
@@ -130,6 +148,12 @@ class SpanExecutor:
         return self._config.n_threads
 
     @property
+    def n_batch(self) -> int:
+        """Most rows one llama_decode call takes: a `forward` step longer than this is split into
+        chunks of n_batch rows; a `forward_batch` holds at most this many rows in all."""
+        return self._config.n_batch
+
+    @property
     def n_seq_max(self) -> int:
         """Sequence ids are 0..n_seq_max-1."""
         return self._config.n_seq_max
@@ -149,30 +173,68 @@ class SpanExecutor:
             ExecutorError: bad shape/dtype/values, unknown seq id, non-contiguous position, KV cache
                 full, llama.cpp failure. The sequence is unchanged after any error.
         """
-        h = self._handle()
-        self._check_seq(seq_id)
-        x = self._check_hidden(hidden)
-        if isinstance(pos0, bool) or not isinstance(pos0, (int, np.integer)) or pos0 < 0:
-            raise ExecutorError(f"pos0 must be a non-negative int, got {pos0!r}")
+        out, step, _x = self._prepare(BatchStep(seq_id, pos0, hidden, all_logits))
+        rc = self._so.swarm_span_execute(self._handle(), ctypes.byref(step))
+        if rc != _lib.SWARM_OK:
+            raise self._step_error(rc, seq_id, pos0, step.n_tokens)
+        return out
+
+    def forward_batch(self, steps: Sequence[BatchStep]) -> list[np.ndarray]:
+        """Run one step of each of several sequences in one llama_decode call (one ubatch).
+
+        The weights are read once for every row of the batch, which is what makes batching decode
+        steps of many sessions cheaper than running them one after another.
+
+        Args:
+            steps: 1..n_seq_max steps of distinct sequences; their rows together at most n_batch.
+        Returns:
+            One array per step, in order, shaped as `forward` returns it for that step alone.
+        Raises:
+            ExecutorError: bad input (as `forward`), a repeated seq id, too many rows, or a failure
+                of llama.cpp; every sequence of the batch is unchanged after any error.
+        """
+        if not 1 <= len(steps) <= self._config.n_seq_max:
+            raise ExecutorError(f"a batch holds 1..{self._config.n_seq_max} steps, got {len(steps)}")
+        if len({st.seq_id for st in steps}) != len(steps):
+            raise ExecutorError("a batch holds at most one step per sequence")
+        if sum(int(st.hidden.shape[0]) for st in steps) > self.n_batch:
+            raise ExecutorError(f"a batch holds at most {self.n_batch} rows")
+        prepared = [self._prepare(st) for st in steps]  # keeps every input/output array alive
+        arr = (_lib.SpanStep * len(steps))(*(p[1] for p in prepared))
+        rc = self._so.swarm_span_execute_batch(self._handle(), arr, len(steps))
+        if rc != _lib.SWARM_OK:
+            first = steps[0]
+            raise self._step_error(rc, first.seq_id, first.pos0, sum(p[1].n_tokens for p in prepared),
+                                   batch=len(steps))
+        return [p[0] for p in prepared]
+
+    def _prepare(self, st: BatchStep) -> tuple[np.ndarray, _lib.SpanStep, np.ndarray]:
+        """Check one step; return its output array, its C descriptor and the contiguous float32
+        input the descriptor points to (the caller keeps all three alive through the C call)."""
+        self._handle()
+        self._check_seq(st.seq_id)
+        x = self._check_hidden(st.hidden)
+        if isinstance(st.pos0, bool) or not isinstance(st.pos0, (int, np.integer)) or st.pos0 < 0:
+            raise ExecutorError(f"pos0 must be a non-negative int, got {st.pos0!r}")
         n = x.shape[0]
         if self.is_last:
-            out = np.empty((n if all_logits else 1, self._n_vocab), dtype=np.float32)
+            out = np.empty((n if st.all_logits else 1, self._n_vocab), dtype=np.float32)
         else:
             out = np.empty((n, self._n_embd), dtype=np.float32)
         step = _lib.SpanStep(
-            seq_id=seq_id, pos0=int(pos0), n_tokens=n,
+            seq_id=st.seq_id, pos0=int(st.pos0), n_tokens=n,
             embd=x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
             out=out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-            out_cap=out.size, all_logits=1 if all_logits else 0,
+            out_cap=out.size, all_logits=1 if st.all_logits else 0,
         )
-        rc = self._so.swarm_span_execute(h, ctypes.byref(step))
-        if rc == _lib.SWARM_ERR_POS:
+        return out, step, x
+
+    def _step_error(self, rc: int, seq_id: int, pos0: int, n: int, batch: int = 1) -> ExecutorError:
+        if rc == _lib.SWARM_ERR_POS and batch == 1:
             expected = self.pos_max(seq_id) + 1
-            raise ExecutorError(f"sequence {seq_id}: step starts at position {pos0}, expected {expected}")
-        if rc != _lib.SWARM_OK:
-            raise ExecutorError(f"sequence {seq_id}: forward of {n} tokens at {pos0} failed: "
-                                f"{self._status(rc)}")
-        return out
+            return ExecutorError(f"sequence {seq_id}: step starts at position {pos0}, expected {expected}")
+        what = f"batch of {batch} steps ({n} tokens)" if batch > 1 else f"forward of {n} tokens at {pos0}"
+        return ExecutorError(f"sequence {seq_id}: {what} failed: {self._status(rc)}")
 
     def truncate(self, seq_id: int, pos: int) -> None:
         """Drop positions >= pos of `seq_id` (rollback); pos_max becomes min(pos_max, pos - 1).

@@ -21,13 +21,15 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.gguf_reader import ReaderField
 
-from swarm.arch import ArchRow, arch_row
+from swarm.arch import ArchRow, LayerTable, SwaPattern, arch_row, servable_row
 from swarm.errors import ModelError
+from swarm import span_rules
 from swarm.ggml_bridge.gguf_header import scan
 
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -71,6 +73,29 @@ def read_span_layers(model_path: Path) -> tuple[str, int]:
     return arch, n_layers
 
 
+def legal_starts(model_path: Path) -> list[int]:
+    """Global layer indices where a span of this model may start (always includes 0).
+
+    Reads the header only. Without a `cut_constraint` in the architecture's row every layer is legal.
+
+    Raises:
+        ModelError: unreadable GGUF; UnsupportedArchitecture: no row.
+    """
+    arch, n_layers = read_span_layers(model_path)
+    return span_rules.legal_starts(arch_row(arch), arch_metadata(_open(model_path), arch), n_layers)
+
+
+def arch_metadata(reader: GGUFReader, arch: str) -> dict[str, Any]:
+    """The `<arch>.*` metadata of a GGUF, key → value (arrays as lists): what `swarm.span_rules` reads."""
+    prefix = f"{arch}."
+    meta: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith(prefix):
+            value = field.contents()
+            meta[key] = list(value) if field.types and field.types[0] == GGUFValueType.ARRAY else value
+    return meta
+
+
 def build_span(model_path: Path, start: int, end: int, cache_dir: Path | None = None,
                model_id: str | None = None) -> Path:
     """Write (or reuse from the cache) the GGUF holding layers [start, end) of `model_path`.
@@ -85,13 +110,15 @@ def build_span(model_path: Path, start: int, end: int, cache_dir: Path | None = 
     Raises:
         ValueError: start/end out of range.
         ModelError: the source is not a readable GGUF.
-        UnsupportedArchitecture: the source's architecture has no row in `swarm.arch`.
+        UnsupportedArchitecture: the source's architecture has no row in `swarm.arch`, or its row
+            refuses layer spans (`ArchRow.split_refusal`).
     """
     arch, n_layers = read_span_layers(model_path)
-    row = arch_row(arch)
+    row = servable_row(arch)
     if not (0 <= start < end <= n_layers):
         raise ValueError(f"span [{start}, {end}) is not inside the model's {n_layers} layers "
                          f"(need 0 <= start < end <= {n_layers})")
+    _refuse_span(model_path, row, start, end, n_layers)
     ident = model_id or file_identity(model_path)
     out_dir = cache_dir or default_cache_dir()
     dest = out_dir / f"{ident[:16]}-{start}-{end}.gguf"
@@ -117,6 +144,25 @@ def build_span(model_path: Path, start: int, end: int, cache_dir: Path | None = 
     return dest
 
 
+def _refuse_span(model_path: Path, row: ArchRow, start: int, end: int, n_layers: int) -> None:
+    """Raise when llama.cpp could not run span [start, end) of this model exactly (reasons in the row).
+
+    Raises:
+        ValueError: the span breaks the row's cut constraint, refused lengths or mixed-span rule.
+        ModelError: the GGUF carries multi-token-prediction blocks.
+    """
+    arch = row.name
+    scalars = scan(model_path).scalars
+    if row.mtp_layers_key is not None and scalars.get(f"{arch}.{row.mtp_layers_key}", 0):
+        # llama.cpp counts multi-token-prediction blocks in <arch>.block_count (stored after the last
+        # layer); the manifest and routes would take them for layers
+        raise ModelError(f"{model_path}: the GGUF carries multi-token-prediction blocks "
+                         f"({arch}.{row.mtp_layers_key} > 0); serve a trunk-only conversion")
+    why = span_rules.span_refusal(row, arch_metadata(_open(model_path), arch), start, end, n_layers)
+    if why is not None:
+        raise ValueError(why)
+
+
 def _open(path: Path) -> GGUFReader:
     try:
         return GGUFReader(path, "r")
@@ -129,8 +175,21 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: 
     arch = row.name
     prefix = f"{arch}."
     per_layer = {prefix + k for k in row.per_layer_keys}
+    leading = {prefix + k for k in row.leading_count_keys}
+    dropped = {prefix + row.mtp_layers_key} if row.mtp_layers_key else set()  # always 0 here
+    no_window = _windows_unused(reader, row, start, end, n_layers)
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+        if key.startswith("GGUF.") or key == "general.architecture" or key in dropped:
+            continue
+        if key in no_window:
+            # no layer of the span uses the window: llama.cpp asserts is_swa_any() when a model has
+            # a window but no window layer, so the span says "no window" (same graph for its layers)
+            writer.add_uint32(key, 0)
+            continue
+        if key in leading:
+            # counts the model's first layers of a kind: in the span file they are the first
+            # max(0, v - start) blocks (llama.cpp compares the file's block index with it)
+            writer.add_uint32(key, min(max(int(field.contents()) - start, 0), end - start))
             continue
         if not is_last and key.startswith("tokenizer."):
             continue
@@ -150,7 +209,12 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: 
             writer.add_key_value(key, values, vtype, sub_type=sub)
         else:
             writer.add_key_value(key, field.contents(), vtype)
-    _write_swa_pattern(reader, writer, row, start, end, n_layers)
+    for pat in (row.swa_pattern, *row.derived_layer_keys):
+        if pat is not None:
+            _write_derived(reader, writer, row.name, pat, start, end, n_layers)
+    for suffix, value in row.default_keys:
+        if f"{arch}.{suffix}" not in reader.fields:
+            writer.add_uint32(f"{arch}.{suffix}", value)
     if not is_last:
         writer.add_string("tokenizer.ggml.model", "no_vocab")
         writer.add_uint32(f"{arch}.vocab_size", 1)
@@ -159,26 +223,53 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: 
     writer.add_uint32(SPAN_N_LAYERS_KEY, n_layers)
 
 
-def _write_swa_pattern(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: int, end: int,
-                       n_layers: int) -> None:
-    """Write the sliding-window flags explicitly when the source leaves llama.cpp to derive them."""
-    pat = row.swa_pattern
-    if pat is None:
+def _windows_unused(reader: GGUFReader, row: ArchRow, start: int, end: int, n_layers: int) -> set[str]:
+    """Window keys (`<arch>.<window_key_suffix>`) of patterns none of whose span layers is flagged."""
+    out = set()
+    meta = arch_metadata(reader, row.name)
+    for pat in (row.swa_pattern, *row.derived_layer_keys):
+        if not isinstance(pat, SwaPattern) or pat.window_key_suffix is None:
+            continue
+        window = reader.fields.get(f"{row.name}.{pat.window_key_suffix}")
+        if window is None or window.contents() <= 0:
+            continue
+        flags = span_rules.pattern_flags(row, pat, meta, n_layers)[start:end]
+        if not any(flags):
+            out.add(f"{row.name}.{pat.window_key_suffix}")
+    return out
+
+
+def _write_derived(reader: GGUFReader, writer: GGUFWriter, arch: str, pat: SwaPattern | LayerTable,
+                   start: int, end: int, n_layers: int) -> None:
+    """Write a per-layer array explicitly when the source leaves llama.cpp to derive it by index."""
+    if isinstance(pat, LayerTable):
+        key = f"{arch}.{pat.key_suffix}"
+        if key in reader.fields:
+            return  # already per layer: cut by _copy_metadata
+        ctx_field = reader.fields.get(f"{arch}.context_length")
+        ctx = int(ctx_field.contents()) if ctx_field is not None else 0
+        values = pat.values(n_layers, ctx)[start:end]
+        writer.add_key_value(key, values, GGUFValueType.ARRAY, sub_type=GGUFValueType.UINT32)
         return
-    window: ReaderField | None = reader.fields.get(f"{row.name}.{pat.window_key_suffix}")
-    if window is None or window.contents() <= 0:
-        return
-    key = f"{row.name}.{pat.key_suffix}"
+    if pat.window_key_suffix is not None:
+        window: ReaderField | None = reader.fields.get(f"{arch}.{pat.window_key_suffix}")
+        # (a span none of whose layers uses the window has it set to 0; the flags are harmless)
+        if window is None or window.contents() <= 0:
+            return
+    key = f"{arch}.{pat.key_suffix}"
+    array_key = f"{arch}.{pat.array_key_suffix}" if pat.array_key_suffix else key
     field = reader.fields.get(key)
-    if field is not None and field.types[0] == GGUFValueType.ARRAY:
+    array_field = reader.fields.get(array_key)
+    if array_field is not None and array_field.types[0] == GGUFValueType.ARRAY:
         return  # already per layer: cut by _copy_metadata
     period = int(field.contents()) if field is not None else pat.default_period
     flags = pat.flags(n_layers, period)[start:end]
-    writer.add_key_value(key, flags, GGUFValueType.ARRAY, sub_type=GGUFValueType.BOOL)
+    writer.add_key_value(array_key, flags, GGUFValueType.ARRAY, sub_type=GGUFValueType.BOOL)
 
 
 def _copy_tensors(reader: GGUFReader, writer: GGUFWriter, start: int, end: int, is_last: bool) -> None:
     n_embd = None
+    has_head = any(t.name == _HEAD_TENSORS[0] for t in reader.tensors)
     for t in reader.tensors:
         m = _BLOCK_RE.match(t.name)
         if m:
@@ -188,8 +279,13 @@ def _copy_tensors(reader: GGUFReader, writer: GGUFWriter, start: int, end: int, 
             continue
         if t.name == _EMBD_TENSOR:
             n_embd = int(t.shape[0])
-            if is_last:
-                _add_raw(writer, t.name, t)
+            if is_last and not has_head:
+                _add_raw(writer, t.name, t)  # tied head: the embedding table is the head
+            elif is_last:
+                # llama.cpp requires token_embd [n_embd, n_vocab] but a span never reads it (hidden
+                # states come in): zeros of the same type (all-zero blocks decode to 0 in every ggml
+                # type), so no unfetched, unverified source byte enters the span file
+                writer.add_tensor(t.name, np.zeros_like(t.data), raw_dtype=t.tensor_type)
             else:
                 writer.add_tensor(t.name, np.zeros((1, n_embd), dtype=np.float32))
             continue

@@ -6,13 +6,10 @@ samples), applies `Truncate`, and releases the session's KV cache when the strea
 reason. A bad frame or bad request gets an `Error` frame; request errors keep the session open,
 protocol errors end this stream only. Other sessions never notice.
 
-Executor calls are serialized by one lock, so they never run concurrently on one context. Long
-calls (prefill chunks) run on the span's executor thread so the event loop stays responsive. On a
-single-threaded executor, short calls (decode steps, cache edits) run on the loop thread itself:
-handing a step to another thread and back costs ~0.26 ms of wake-ups (measured; the peer-side
-overhead of a decode step fell from 0.41 to 0.16 ms). A multi-threaded executor keeps every call on
-its one thread: OpenMP keeps a worker team per calling thread, and two teams spin against each
-other (measured: 2-thread swarm decode fell from 39 to 33 tokens/s on Qwen 0.5B).
+Executor work goes through the span's `StepScheduler` (swarm/peer/scheduler.py): decode steps of
+different sessions that wait together run as one batch, a long prefill is cut into 64-row chunks
+with other sessions' decode steps between them, and each unit runs on the event loop thread or the
+span's executor thread by its measured cost. A Forward frame carries at most MAX_FORWARD_TOKENS rows.
 
 Prefix snapshots (swarm/peer/snapshots.py): an `Open` may offer prefix hashes; the peer answers
 which lengths it can restore (`OpenOk.restorable`). A first `Forward` with `restore` imports the
@@ -35,6 +32,7 @@ from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.sessions import SessionSlot, SessionTable
 from swarm.p2p import StreamSession
 from swarm.peer.rebalance import Drain
+from swarm.peer.scheduler import StepScheduler
 from swarm.kv.prefix import owner_scoped
 from swarm.peer.snapshots import PrefixService
 from swarm.sampling import SamplingParams, sample
@@ -56,8 +54,9 @@ logger = logging.getLogger(__name__)
 
 SPAN_PROTOCOL = "/swarm/span/1"
 """libp2p protocol name of the span stream."""
-INLINE_MAX_TOKENS = 4
-"""Executor calls over at most this many tokens run on the event loop thread (a few ms at most)."""
+MAX_FORWARD_TOKENS = 2048
+"""Most rows one Forward frame may carry (our client sends 256 by default): a bigger prefill must come
+in several frames, so one frame's compute stays bounded and its chunks queue fairly."""
 OPEN_TIMEOUT_S = 30.0
 """A new stream must send its Open frame within this many seconds."""
 
@@ -81,7 +80,7 @@ class SpanRuntime:
         executor: the span's llama.cpp executor; touched only under `lock` (see `run`).
         sessions: the span's session table; touched only from the event loop.
         pool: the executor thread for long calls.
-        lock: serializes every executor call.
+        lock: held around every unit of executor work (a peer that moves holds it to swap executors).
         idle_timeout_s: a stream that sends nothing for this long is closed and its session freed.
         shutting_down: set on SIGTERM; new sessions are refused with SHUTTING_DOWN.
         streams: live stream handlers, so shutdown can tell their clients.
@@ -101,14 +100,20 @@ class SpanRuntime:
     streams: set = field(default_factory=set)
     drain: Drain = field(default_factory=Drain)
     prefixes: PrefixService | None = None
+    scheduler: StepScheduler = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Chunks of the executor's n_batch rows: the same ubatches as one long forward() call.
+        self.scheduler = StepScheduler(lambda: self.executor, self.lock, self.pool,
+                                       chunk_tokens=self.executor.n_batch)
 
     async def run(self, fn, *args, n_tokens: int = 0):
-        """Run a blocking executor call, one at a time: inline when it is short (at most
-        INLINE_MAX_TOKENS tokens) and the executor is single-threaded, else on the executor thread."""
-        async with self.lock:
-            if n_tokens <= INLINE_MAX_TOKENS and self.executor.n_threads == 1:
-                return fn(*args)
-            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        """Run a blocking executor call alone, between the scheduler's units; returns its result.
+
+        `n_tokens` is accepted for older callers and ignored: where the call runs follows its
+        measured cost (see `StepScheduler`)."""
+        del n_tokens
+        return await self.scheduler.call(fn, *args)
 
 
 async def handle_stream(rt: SpanRuntime, stream: StreamSession) -> None:
@@ -202,10 +207,13 @@ async def _dispatch(rt: SpanRuntime, slot: SessionSlot, sampling: SamplingParams
     if isinstance(frame, Forward):
         if frame.restore:
             await _restore(rt, slot, frame.restore, prefixes)
+        if frame.n_tokens > MAX_FORWARD_TOKENS:
+            raise RequestError(f"a Forward frame carries at most {MAX_FORWARD_TOKENS} tokens, got "
+                               f"{frame.n_tokens}: send the prompt in several frames")
         rt.sessions.check_forward(slot, frame.pos0, frame.n_tokens)
         if frame.hidden.shape[1] != rt.executor.n_embd:
             raise RequestError(f"hidden size {frame.hidden.shape[1]} != span's {rt.executor.n_embd}")
-        reply = await rt.run(_compute, rt.executor, slot.seq_id, frame, sampling, n_tokens=frame.n_tokens)
+        reply = await _compute(rt, slot.seq_id, frame, sampling)
         rt.sessions.advance(slot, frame.n_tokens, time.monotonic())
         if (
             rt.prefixes is not None
@@ -253,22 +261,22 @@ async def _restore(rt: SpanRuntime, slot: SessionSlot, n: int, prefixes: _Prefix
     rt.sessions.advance(slot, n, time.monotonic())
 
 
-def _compute(executor: SpanExecutor, seq_id: int, frame: Forward, sampling: SamplingParams):
-    """Executor thread: run the span, and on the last span sample. Returns the reply frame."""
-    t0 = time.perf_counter()
+async def _compute(rt: SpanRuntime, seq_id: int, frame: Forward, sampling: SamplingParams):
+    """Run the span through the scheduler, and on the last span sample. Returns the reply frame."""
     hidden = np.ascontiguousarray(frame.hidden, dtype=np.float32)
     all_logits = frame.want_logits and frame.all_logits
-    out = executor.forward(seq_id, frame.pos0, hidden, all_logits=all_logits)
-    if not executor.is_last:
-        return Hidden(step=frame.step, hidden=out, compute_ms=(time.perf_counter() - t0) * 1000.0)
-    r = sample(out[-1], sampling, position=frame.pos0 + frame.n_tokens)
+    r = await rt.scheduler.step(seq_id, frame.pos0, hidden, all_logits=all_logits)
+    if not rt.executor.is_last:
+        return Hidden(step=frame.step, hidden=r.out, compute_ms=r.compute_ms)
+    t0 = time.perf_counter()
+    s = sample(r.out[-1], sampling, position=frame.pos0 + frame.n_tokens)
     return Token(
         step=frame.step,
-        token=r.token,
-        logprob=r.logprob,
-        top=r.top,
-        compute_ms=(time.perf_counter() - t0) * 1000.0,
-        logits=out if frame.want_logits else None,
+        token=s.token,
+        logprob=s.logprob,
+        top=s.top,
+        compute_ms=r.compute_ms + (time.perf_counter() - t0) * 1000.0,
+        logits=r.out if frame.want_logits else None,
     )
 
 

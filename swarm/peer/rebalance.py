@@ -86,6 +86,8 @@ class Rebalancer:
         move: async (start, end) -> None: load and announce the new span; raises SwarmError.
         drain: the span's drain state, shared with the stream handler.
         min_gain: relative gain in routable throughput a move needs.
+        allowed: None, or (start, end) -> whether the model can be cut to that span
+            (`swarm.route.placement.choose_span`).
         rng: random source of the delays.
         moves: completed moves, (start, end), in order.
     """
@@ -99,6 +101,7 @@ class Rebalancer:
     move: Callable[[int, int], Awaitable[None]]
     drain: Drain
     min_gain: float = MIN_GAIN
+    allowed: Callable[[int, int], bool] | None = None
     rng: random.Random = field(default_factory=random.Random)
     moves: list[tuple[int, int]] = field(default_factory=list)
 
@@ -142,5 +145,5 @@ class Rebalancer:
 
     async def _decide(self) -> Placement | None:
         others = [p for p in await self.announcements() if p.peer_id != self.peer_id]
-        decision = rebalance([*others, self.me()], self.me(), self.budget, self.min_gain)
+        decision = rebalance([*others, self.me()], self.me(), self.budget, self.min_gain, self.allowed)
         return None if decision.reason == "stays" else decision

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from swarm.artifacts.distribute import acquire, find_manifest, publish, span_ranges
-from swarm.arch import arch_row
+from swarm.arch import arch_row, servable_row
 from swarm.artifacts.session import ArtifactSession, SessionConfig
 from swarm.dht.identity import resolve_data_dir
 from swarm.dht.node import SwarmDHT
@@ -43,9 +43,12 @@ from swarm.netaddr import NetConfig, bt_hosts, check_net_config
 from swarm.peer.announce import Announcer, Throughput
 from swarm.kv.budget import SpanBudget, span_budget
 from swarm.peer.handler import SPAN_PROTOCOL, SpanRuntime, handle_stream
+from swarm.peer.metrics import PeerMetrics
+from swarm.peer.scheduler import exact_batch_cap
 from swarm.peer.rebalance import Rebalancer
 from swarm.peer.snapshots import SNAPSHOT_PROTOCOL, PrefixService
 from swarm.route.placement import choose_span
+from swarm.span_rules import has_split_rules, span_refusal
 from swarm.route.plan import PeerSpan
 from swarm.route.snapshot import peer_spans
 from swarm.wire import MAX_LAYERS, Error, ErrorCode, encode_frame
@@ -84,6 +87,7 @@ class ServeConfig:
         prefix_disk_bytes: disk budget for snapshots evicted from memory (0: no disk tier); files
             live in <data dir>/snapshots/.
         debug_tamper_snapshots: test hook: damage served snapshots this way (swarm.peer.snapshots.TAMPERS).
+        metrics_port: serve Prometheus metrics on host:metrics_port (`swarm.peer.metrics`); None: don't.
     """
 
     model: str
@@ -105,6 +109,7 @@ class ServeConfig:
     debug_tamper_snapshots: str | None = None
     bt_port: int = 0
     public_address: str | None = None
+    metrics_port: int | None = None
 
 
 def check_config(cfg: ServeConfig) -> NetConfig:
@@ -165,7 +170,7 @@ async def serve(
     local_path = None if is_model_id(cfg.model) else resolve_model(cfg.model, progress=True)
     if local_path is not None:
         manifest = build_manifest(local_path)  # before anything is announced or printed
-        arch_row(manifest.arch)
+        servable_row(manifest.arch)  # refuses architectures that cannot be served, with the reason
         if cfg.layers is not None:
             _check_span(manifest, *cfg.layers)
     # BitTorrent first: a port in use fails before the DHT node (its own process) starts.
@@ -196,6 +201,7 @@ async def serve(
         )
         if cfg.prefix_cache_bytes > 0:
             rt.prefixes = _prefix_service(cfg, dht, manifest, start, end)
+        rt.scheduler.max_batch_rows = await rt.run(exact_batch_cap, executor)
         throughput = await rt.run(measure_throughput, executor, n_tokens=64)
         logger.info(
             "span [%d, %d): %.1f decode steps/s, %.0f prefill tokens/s",
@@ -204,12 +210,19 @@ async def serve(
             throughput.decode_steps_per_s,
             throughput.prefill_tokens_per_s,
         )
-        await dht.transport.serve(SPAN_PROTOCOL, partial(handle_stream, rt))
+        span_handler = partial(handle_stream, rt)
+        metrics = None if cfg.metrics_port is None else PeerMetrics(rt)
+        if metrics is not None:
+            metrics.serve(net.host, cfg.metrics_port)
+            span_handler = metrics.wrap(span_handler)
+        await dht.transport.serve(SPAN_PROTOCOL, span_handler)
         if rt.prefixes is not None:
             await dht.transport.serve(
                 SNAPSHOT_PROTOCOL, partial(_serve_snapshot, rt, cfg.debug_tamper_snapshots)
             )
         announcer = Announcer(dht, rt, throughput, cfg.announce_period_s, cfg.public_name)
+        if metrics is not None:
+            metrics.announcer = announcer
         await announcer.announce_once()
         print(
             f"serving layers {start}:{end} of {manifest.model_id} as {dht.peer_id}",
@@ -306,7 +319,7 @@ async def _choose_layers(cfg: ServeConfig, dht: SwarmDHT, manifest: Manifest) ->
             logger.warning("%s", line)
             print(f"swarm: warning: {line}", file=sys.stderr, flush=True)
         return start, end
-    placement = choose_span(announced, _budget(cfg, manifest))
+    placement = choose_span(announced, _budget(cfg, manifest), allowed=_allowed(manifest))
     logger.info(
         "placement: layers %d:%d (%s; routable %.1f -> %.1f tokens/s)",
         placement.start,
@@ -348,6 +361,17 @@ def chain_warnings(announced: list[PeerSpan], n_layers: int, start: int, end: in
 def _check_span(manifest: Manifest, start: int, end: int) -> None:
     if not 0 <= start < end <= manifest.n_layers:
         raise SwarmError(f"layers {start}:{end} are outside the model's 0:{manifest.n_layers}")
+    why = span_refusal(arch_row(manifest.arch), manifest.hparams, start, end, manifest.n_layers)
+    if why is not None:
+        raise SwarmError(f"layers {start}:{end}: {why}")
+
+
+def _allowed(manifest: Manifest):
+    """(start, end) -> whether llama.cpp can run that span of the model (`swarm.span_rules`)."""
+    row = arch_row(manifest.arch)
+    if not has_split_rules(row):
+        return None
+    return lambda s, e: span_refusal(row, manifest.hparams, s, e, manifest.n_layers) is None
 
 
 async def _load(cfg: ServeConfig, path: Path, manifest: Manifest, start: int, end: int) -> SpanExecutor:
@@ -397,6 +421,7 @@ class _Mover:
         return Rebalancer(
             peer_id=self.dht.peer_id,
             budget=_budget(self.cfg, self.manifest),
+            allowed=_allowed(self.manifest),
             period_s=self.cfg.rebalance_period_s,
             announcements=announcements,
             me=me,
@@ -428,6 +453,7 @@ class _Mover:
             self.rt.executor, self.rt.start, self.rt.end = executor, start, end
             if self.rt.prefixes is not None:
                 self.rt.prefixes.move(start, end)
+        self.rt.scheduler.max_batch_rows = await self.rt.run(exact_batch_cap, executor)
         self.announcer.throughput = await self.rt.run(measure_throughput, executor, n_tokens=64)
         await self.announcer.announce_once()
         print(f"moved from layers {old[0]}:{old[1]} to {start}:{end}", file=sys.stderr, flush=True)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from swarm.errors import RequestError
@@ -91,7 +91,10 @@ def swarm_layer_rate(peers: Sequence[PeerSpan], n_layers: int) -> float:
 
 
 def choose_span(
-    peers: Sequence[PeerSpan], budget: SpanBudget, layer_steps_per_s: float | None = None
+    peers: Sequence[PeerSpan],
+    budget: SpanBudget,
+    layer_steps_per_s: float | None = None,
+    allowed: Callable[[int, int], bool] | None = None,
 ) -> Placement:
     """The span a peer with `budget` should serve given the announced `peers`.
 
@@ -99,6 +102,8 @@ def choose_span(
         peers: announced spans of the model (any order; unusable ones are ignored).
         budget: what fits the peer's memory; `budget.n_layers` is the model's depth.
         layer_steps_per_s: the peer's decode steps/s × layers; None: the swarm's median.
+        allowed: None, or whether llama.cpp can run span (start, end) of this model
+            (`swarm.span_rules.span_refusal` is None); spans it refuses are never chosen.
     Returns:
         Placement (see the module docstring for the order of preference).
     Raises:
@@ -122,6 +127,8 @@ def choose_span(
     for s in starts:
         last = budget.longest_end(s)
         for e in sorted(f for f in finish if s < f <= last):
+            if allowed is not None and not allowed(s, e):
+                continue
             n_candidates += 1
             gain = min(rate / (e - s), to_start[s], from_end[e])
             key = (-round(_bucket(gain, before), 6), round(min(weakest[s:e]), 6), e - s, s)
@@ -135,6 +142,8 @@ def choose_span(
     ext = None
     for s in sorted(b for b in reach if b < n):
         e = budget.longest_end(s)
+        while e > s and allowed is not None and not allowed(s, e):
+            e -= 1
         if e == s:
             continue
         gap = min(f - e for f in finish if f >= e)
@@ -143,8 +152,8 @@ def choose_span(
             ext = (key, s, e)
     if ext is None:
         raise RequestError(
-            f"{budget.memory_bytes} bytes do not hold one layer (with its KV cache) at any boundary a "
-            f"chain reaches ({sorted(reach)})"
+            f"{budget.memory_bytes} bytes do not hold one layer (with its KV cache) that the model can "
+            f"be cut to at any boundary a chain reaches ({sorted(reach)})"
         )
     _, s, e = ext
     return Placement(s, e, "extends_chain", before, before, False, 0)
@@ -155,6 +164,7 @@ def rebalance(
     me: PeerSpan,
     budget: SpanBudget,
     min_gain: float = MIN_GAIN,
+    allowed: Callable[[int, int], bool] | None = None,
 ) -> Placement:
     """Whether a serving peer should move, and where.
 
@@ -163,6 +173,7 @@ def rebalance(
         me: this peer's current span and measured speed.
         budget: what fits this peer's memory.
         min_gain: the relative gain in routable throughput a move must bring.
+        allowed: as for `choose_span`.
     Returns:
         Placement with reason "stays" and the current span, or the better span (a move). The
         routable figures compare the swarm with this peer at its current span and at the new one.
@@ -176,7 +187,7 @@ def rebalance(
     staying = g.max_flow()
     reach, finish = reachable_boundaries([*((p.start, p.end) for p in ok), (me.start, me.end)], n)
     stay = Placement(me.start, me.end, "stays", staying, staying, me.start in reach and me.end in finish, 0)
-    best = choose_span(ok, budget, rate)
+    best = choose_span(ok, budget, rate, allowed)
     gains = best.routable_after > staying * (1 + min_gain)
     leaves_dead_end = best.on_complete_chain and not stay.on_complete_chain
     bounds = [(p.start, p.end) for p in ok]

@@ -20,6 +20,7 @@ import pytest
 from swarm import Client
 from swarm.manifest import build_manifest
 from swarm.p2p import MAX_FRAME_BYTES
+from swarm.peer.handler import MAX_FORWARD_TOKENS
 from swarm.wire import PROTOCOL_GENERATION, Error, ErrorCode, Forward, Hidden, Token, encode_frame
 
 from peerproc import PeerSet, RawClient, oracle, serve_args
@@ -204,6 +205,21 @@ def test_bad_forwards_keep_the_session(raw):
     assert isinstance(first, Token) and first.step == 4
     second = raw.ask(s, encode_frame(Forward(step=5, pos0=3, hidden=hidden(1, seed=1), sample=True)))
     assert isinstance(second, Token) and second.step == 5
+
+
+def test_forward_over_the_token_cap_is_refused_and_keeps_the_session(raw):
+    s = raw.open_session(max_tokens=MAX_FORWARD_TOKENS + 8)
+    expect_error(
+        raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=hidden(MAX_FORWARD_TOKENS + 1), sample=True))),
+        ErrorCode.BAD_REQUEST,
+        f"at most {MAX_FORWARD_TOKENS} tokens",
+        str(MAX_FORWARD_TOKENS + 1),
+    )
+    # A frame of exactly the cap is served (in several chunks on the peer), and the session goes on.
+    first = raw.ask(s, encode_frame(Forward(step=1, pos0=0, hidden=hidden(MAX_FORWARD_TOKENS), sample=True)))
+    assert isinstance(first, Token) and first.step == 1
+    nxt = raw.ask(s, encode_frame(Forward(step=2, pos0=MAX_FORWARD_TOKENS, hidden=hidden(1), sample=True)))
+    assert isinstance(nxt, Token) and nxt.step == 2
 
 
 def test_non_final_span_answers_hidden_and_refuses_bad_forwards(half):

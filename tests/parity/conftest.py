@@ -68,14 +68,14 @@ class Oracle:
     step_logits: np.ndarray
 
 
-def run_oracle(model_path: Path) -> Oracle:
+def run_oracle(model_path: Path, text: str = PROMPT) -> Oracle:
     """Prompt + greedy decode on llama.cpp's whole model, token input."""
     import llama_cpp
 
     llm = llama_cpp.Llama(str(model_path), n_ctx=256, n_threads=N_THREADS, n_threads_batch=N_THREADS,
                           logits_all=True, flash_attn=True, verbose=False)
     try:
-        prompt = llm.tokenize(PROMPT.encode(), add_bos=True)
+        prompt = llm.tokenize(text.encode(), add_bos=True)
         assert len(prompt) >= 64, len(prompt)
         llm.eval(prompt)
         prefill = np.array(llm.scores[: len(prompt)], dtype=np.float32)
@@ -99,9 +99,9 @@ _ORACLES: dict[Path, Oracle] = {}
 def oracle_for():
     """Function model_path -> Oracle, computed once per model per session."""
 
-    def get(model_path: Path) -> Oracle:
+    def get(model_path: Path, text: str = PROMPT) -> Oracle:
         if model_path not in _ORACLES:
-            _ORACLES[model_path] = run_oracle(model_path)
+            _ORACLES[model_path] = run_oracle(model_path, text)
         return _ORACLES[model_path]
 
     return get

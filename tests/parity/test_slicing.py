@@ -30,7 +30,7 @@ def tensor_names(path: Path) -> set[str]:
 
 
 def test_arch_rows():
-    assert supported_architectures() == ("gemma3", "llama", "qwen2")
+    assert {"gemma3", "llama", "qwen2"} <= set(supported_architectures())
     assert arch_row("llama").capture_name == "l_out"
     assert arch_row("gemma3").embedding_scale == "sqrt_hidden"
     assert arch_row("qwen2").embedding_scale is None

@@ -45,15 +45,27 @@ def _manifest(tied: bool) -> Manifest:
     )
 
 
-def test_middle_span_is_header_plus_its_blocks():
+def test_middle_span_is_header_plus_its_blocks_and_the_globals():
+    # output_norm is a global tensor: every span file carries it, so every span fetches it
     m = _manifest(tied=False)
-    assert span_byte_ranges(m, 1, 2, need_embd=False, need_head=False) == [(0, 100), (600, 100)]
+    assert span_byte_ranges(m, 1, 2, need_embd=False, need_head=False) == [(0, 100), (600, 100), (800, 20)]
 
 
 def test_embd_and_head_are_added_and_adjacent_ranges_merge():
     m = _manifest(tied=False)
-    assert span_byte_ranges(m, 0, 1, need_embd=True, need_head=False) == [(0, 600)]
+    assert span_byte_ranges(m, 0, 1, need_embd=True, need_head=False) == [(0, 600), (800, 20)]
     assert span_byte_ranges(m, 2, 3, need_embd=False, need_head=True) == [(0, 100), (700, 300)]
+
+
+def test_a_global_tensor_between_blocks_is_fetched_by_every_span():
+    m = _manifest(tied=False)
+    rope = TensorInfo("rope_freqs.weight", 0, (4,), 1000, 16, "0" * 64, None)  # after output, say
+    m = Manifest(**{**m.__dict__, "tensors": m.tensors + (rope,), "file_size": 1016})
+    for start, end in ((0, 1), (1, 2), (2, 3)):
+        names = [t.name for t in span_tensors(m, start, end, need_embd=False, need_head=end == 3)]
+        assert "rope_freqs.weight" in names and "output_norm.weight" in names
+        assert "token_embd.weight" not in names
+        assert ("output.weight" in names) == (end == 3)
 
 
 def test_tied_head_fetches_token_embd():

@@ -1,0 +1,399 @@
+"""A span's step scheduler: batch decode steps of many sessions, interleave long prefills fairly.
+
+Every executor call of a span goes through one `StepScheduler`, which runs one *unit* at a time:
+
+- a **batch**: the one-row (decode) steps of several sessions waiting together, run as one
+  `SpanExecutor.forward_batch` (one llama_decode, the weights read once for all of them);
+- a **chunk**: the next `chunk_tokens` rows of one multi-row (prefill) step. Chunks start at the
+  step's `pos0` and advance by `chunk_tokens`, exactly as the C library split a long step before, so
+  prefill ubatches stay on the 64-token prefix-block grid (kv/prefix.py);
+- a **call**: anything else (clear, truncate, export, import, throughput probe), alone.
+
+No unit is held back waiting for others: whatever is queued when the previous unit finishes forms
+the next one, so a lone session pays no batching delay. When decode steps and other work both wait,
+units alternate between a batch and one other unit, so a client's prefill delays another client's
+decode step by at most about one chunk's compute, and steady decoding cannot starve a prefill.
+
+Where a unit runs follows its measured cost (`CostModel`): on the event loop thread when it is
+expected to take under `inline_max_ms` and the executor is single-threaded (a thread hand-off costs
+~0.26 ms per hop), else on the span's one executor thread, so a large span never blocks pings or
+other streams. Unmeasured work runs on the executor thread.
+
+Exactness: a session's outputs in a batch equal its solo outputs only while llama.cpp's kernels do
+not depend on the batch's row count. ggml-cpu's repacked quantized matmuls (Q4_K on x86, for one)
+switch from a per-row gemv to a 4-row gemm at 4 rows, which rounds differently (measured: up to
+0.23 logits on Qwen2.5 0.5B Q4_K_M). `probe_exact_batch_rows` measures the largest exact batch of a
+span, and the peer caps batches there.
+
+This module does not decide admission or positions (kv/sessions.py) nor read frames (handler.py).
+`plan_next` and `CostModel` are pure; `StepScheduler` is the asyncio shell around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, Literal, Sequence
+
+import numpy as np
+
+from swarm.errors import ExecutorError
+from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
+
+INLINE_MAX_MS = 2.0
+"""Units expected to compute in less than this many ms run on the event loop thread."""
+EWMA_WEIGHT = 0.2
+"""Weight of the newest measurement in a unit kind's moving average of compute time."""
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What the planner sees of one queued job.
+
+    Attributes:
+        kind: "step" (a Forward's rows) or "call" (any other executor work).
+        seq_id: the step's sequence; -1 for a call.
+        rows_left: rows of the step not computed yet; 0 for a call.
+        started: some chunk of the step has run already.
+    """
+
+    kind: Literal["step", "call"]
+    seq_id: int = -1
+    rows_left: int = 0
+    started: bool = False
+
+    @property
+    def is_decode(self) -> bool:
+        """A one-row step that has not started: it may join a batch."""
+        return self.kind == "step" and self.rows_left == 1 and not self.started
+
+
+@dataclass(frozen=True)
+class Unit:
+    """The next piece of work: `kind` "batch" (jobs' one-row steps together), "chunk" (`rows` rows
+    of the step `jobs[0]`) or "call" (`jobs[0]`); `jobs` index the pending queue."""
+
+    kind: Literal["batch", "chunk", "call"]
+    jobs: tuple[int, ...]
+    rows: int
+
+
+def plan_next(pending: Sequence[Pending], *, last_was_batch: bool, max_batch_rows: int,
+              chunk_tokens: int) -> Unit | None:
+    """Choose the next unit from the queue (oldest first).
+
+    Args:
+        pending: queued jobs in arrival order (a job cut into chunks goes back to the end).
+        last_was_batch: the previous unit was a batch; when other work also waits, it goes next.
+        max_batch_rows: most rows in one batch (>= 1).
+        chunk_tokens: most rows of a multi-row step per chunk (>= 1).
+    Returns:
+        The unit, or None when nothing waits.
+    """
+    decodes: list[int] = []
+    seen: set[int] = set()
+    for i, p in enumerate(pending):
+        # One step per sequence per batch: a sequence's second step needs its first one's position.
+        if p.is_decode and p.seq_id not in seen and len(decodes) < max_batch_rows:
+            decodes.append(i)
+            seen.add(p.seq_id)
+    others = [i for i, p in enumerate(pending) if not p.is_decode]
+    if decodes and (not others or not last_was_batch):
+        return Unit("batch", tuple(decodes), len(decodes))
+    if not others:
+        return None
+    i = others[0]
+    if pending[i].kind == "call":
+        return Unit("call", (i,), 0)
+    return Unit("chunk", (i,), min(chunk_tokens, pending[i].rows_left))
+
+
+class CostModel:
+    """Moving average of compute ms per kind of unit, to decide where the next one runs.
+
+    Keys are (kind, row bucket): a batch of 8 rows costs less than 8 single rows, so each power-of-two
+    row count is its own kind.
+    """
+
+    def __init__(self, weight: float = EWMA_WEIGHT):
+        self._weight = weight
+        self._ms: dict[tuple[str, int], float] = {}
+
+    @staticmethod
+    def key(kind: str, rows: int) -> tuple[str, int]:
+        """The key of a unit of `kind` over `rows` rows."""
+        return kind, int(rows).bit_length()
+
+    def expected_ms(self, key: tuple[str, int]) -> float | None:
+        """Average ms of units of this key, or None when none was measured."""
+        return self._ms.get(key)
+
+    def observe(self, key: tuple[str, int], ms: float) -> None:
+        """Fold one measured compute time (ms) into the key's average."""
+        old = self._ms.get(key)
+        self._ms[key] = ms if old is None else old + self._weight * (ms - old)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """A step's output and the compute time spent on it.
+
+    Attributes:
+        out: as `SpanExecutor.forward` returns it for the whole step.
+        compute_ms: ms of executor compute of the units that carried this step (a batch's time is
+            shared by its steps; a chunked step sums its chunks).
+    """
+
+    out: np.ndarray
+    compute_ms: float
+
+
+@dataclass
+class _Job:
+    fut: asyncio.Future
+    seq_id: int = -1
+    pos0: int = 0
+    hidden: np.ndarray | None = None
+    all_logits: bool = False
+    fn: Callable[..., Any] | None = None
+    args: tuple = ()
+    done_rows: int = 0
+    outs: list[np.ndarray] = field(default_factory=list)
+    compute_ms: float = 0.0
+
+    def view(self) -> Pending:
+        if self.fn is not None:
+            return Pending("call")
+        return Pending("step", self.seq_id, self.hidden.shape[0] - self.done_rows, self.done_rows > 0)
+
+
+class StepScheduler:
+    """Runs a span's executor work one unit at a time (see the module docstring).
+
+    Collaborators are passed in: `executor` returns the span's current executor (a peer that moves
+    swaps it), `lock` is held around every unit (the mover holds it while swapping), `pool` is the
+    span's one executor thread.
+    """
+
+    def __init__(self, executor: Callable[[], SpanExecutor], lock: asyncio.Lock, pool: ThreadPoolExecutor, *,
+                 chunk_tokens: int, max_batch_rows: int = 1, inline_max_ms: float = INLINE_MAX_MS):
+        self._executor, self._lock, self._pool = executor, lock, pool
+        self.chunk_tokens = chunk_tokens
+        self.max_batch_rows = max_batch_rows
+        self.inline_max_ms = inline_max_ms
+        self.cost = CostModel()
+        self.units: list[tuple[str, tuple[int, ...], int]] = []
+        """(kind, seq ids, rows) of recent units, oldest first (the last 1024), for tests and benchmarks."""
+        self.unit_ms: list[float] = []
+        """Compute ms of the same units, in the same order."""
+        self._queue: deque[_Job] = deque()
+        self._runner: asyncio.Task | None = None
+        self._last_was_batch = False
+
+    async def step(self, seq_id: int, pos0: int, hidden: np.ndarray, *,
+                   all_logits: bool = False) -> StepResult:
+        """Run the span on `hidden` rows of sequence `seq_id` from `pos0`; batched or chunked.
+
+        Args:
+            seq_id, pos0, hidden, all_logits: as `SpanExecutor.forward`; hidden [n, n_embd] float32.
+        Returns:
+            StepResult with the output of the whole step.
+        Raises:
+            ExecutorError: as `SpanExecutor.forward`; the sequence is as before the step.
+        """
+        job = _Job(asyncio.get_running_loop().create_future(), seq_id, pos0, hidden, all_logits)
+        return await self._submit(job)
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` alone between units (a blocking executor call); returns its result."""
+        return await self._submit(_Job(asyncio.get_running_loop().create_future(), fn=fn, args=args))
+
+    async def _submit(self, job: _Job) -> Any:
+        self._queue.append(job)
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.create_task(self._drain())
+        return await job.fut
+
+    async def _drain(self) -> None:
+        try:
+            await self._drain_queue()
+        except BaseException as e:
+            # A bug here must not leave callers waiting forever: fail whatever is still queued.
+            for job in self._queue:
+                _settle(job, None, e if isinstance(e, Exception) else ExecutorError("scheduler stopped"))
+            self._queue.clear()
+            raise
+
+    async def _drain_queue(self) -> None:
+        while True:
+            self._drop_cancelled()
+            jobs = list(self._queue)
+            unit = plan_next([j.view() for j in jobs], last_was_batch=self._last_was_batch,
+                             max_batch_rows=self.max_batch_rows, chunk_tokens=self.chunk_tokens)
+            if unit is None:
+                return
+            chosen = [jobs[i] for i in unit.jobs]
+            for j in chosen:
+                self._queue.remove(j)
+            self._last_was_batch = unit.kind == "batch"
+            self.units.append((unit.kind, tuple(j.seq_id for j in chosen), unit.rows))
+            del self.units[:-1024]
+            self.unit_ms.append(float("nan"))
+            del self.unit_ms[:-1024]
+            async with self._lock:
+                await self._run_unit(unit, chosen)
+            # Let callers whose steps just finished queue their next ones before the next unit is
+            # planned: sessions that would otherwise alternate in two half-size batches merge into
+            # one, and a unit run inline gives pings and other streams a turn.
+            await asyncio.sleep(0)
+
+    def _drop_cancelled(self) -> None:
+        for job in [j for j in self._queue if j.fut.done()]:
+            self._queue.remove(job)
+            if job.done_rows > 0:  # a cancelled half-done prefill: keep the step atomic
+                self._queue.append(_Job(asyncio.get_running_loop().create_future(),
+                                        fn=self._executor().truncate, args=(job.seq_id, job.pos0)))
+
+    async def _run_unit(self, unit: Unit, jobs: list[_Job]) -> None:
+        ex = self._executor()
+        if unit.kind == "call":
+            fn = jobs[0].fn
+            work = partial(fn, *jobs[0].args)
+            key = CostModel.key(f"call:{getattr(fn, '__qualname__', '?')}", 0)
+        elif unit.kind == "batch":
+            work = partial(self._batch, ex, jobs)
+            key = CostModel.key("batch", unit.rows)
+        else:
+            work = partial(self._chunk, ex, jobs[0], unit.rows)
+            key = CostModel.key("chunk", unit.rows)
+        result, ms, err = await self._execute(ex, key, work)
+        self.unit_ms[-1] = ms
+        if unit.kind == "call":
+            _settle(jobs[0], result, err)
+        elif unit.kind == "batch":
+            for job, r in zip(jobs, result):
+                _settle(job, None if isinstance(r, Exception) else StepResult(r, ms),
+                        r if isinstance(r, Exception) else None)
+        else:
+            self._after_chunk(ex, jobs[0], unit.rows, result, ms, err)
+
+    async def _execute(self, ex: SpanExecutor, key, work) -> tuple[Any, float, BaseException | None]:
+        """Run `work` inline or on the executor thread; returns (result, compute ms, error). The ms
+        exclude the thread hand-off, so a client's per-hop overhead figures still show it."""
+        expected = self.cost.expected_ms(key)
+        inline = ex.n_threads == 1 and expected is not None and expected < self.inline_max_ms
+
+        def timed():
+            t0 = time.perf_counter()
+            try:
+                return work(), None, (time.perf_counter() - t0) * 1000.0
+            except Exception as e:  # noqa: BLE001 - handed to the waiting caller
+                return None, e, (time.perf_counter() - t0) * 1000.0
+
+        if inline:
+            result, err, ms = timed()
+        else:
+            result, err, ms = await asyncio.get_running_loop().run_in_executor(self._pool, timed)
+        self.cost.observe(key, ms)
+        return result, ms, err
+
+    @staticmethod
+    def _batch(ex: SpanExecutor, jobs: list[_Job]) -> list[np.ndarray | Exception]:
+        if len(jobs) == 1:
+            j = jobs[0]
+            try:
+                return [ex.forward(j.seq_id, j.pos0, j.hidden, all_logits=j.all_logits)]
+            except ExecutorError as e:
+                return [e]
+        try:
+            return ex.forward_batch([BatchStep(j.seq_id, j.pos0, j.hidden, j.all_logits) for j in jobs])
+        except ExecutorError:
+            # The batch left every sequence as it was; run the steps alone so only a bad one fails.
+            return [StepScheduler._batch(ex, [j])[0] for j in jobs]
+
+    @staticmethod
+    def _chunk(ex: SpanExecutor, job: _Job, rows: int) -> np.ndarray:
+        a = job.done_rows
+        return ex.forward(job.seq_id, job.pos0 + a, job.hidden[a : a + rows], all_logits=job.all_logits)
+
+    def _after_chunk(self, ex: SpanExecutor, job: _Job, rows: int, out, ms: float, err) -> None:
+        if err is not None:
+            if job.done_rows > 0:  # earlier chunks are in the cache: roll the whole step back
+                self._queue.appendleft(_Job(asyncio.get_running_loop().create_future(),
+                                            fn=ex.truncate, args=(job.seq_id, job.pos0)))
+            _settle(job, None, err)
+            return
+        job.outs.append(out)
+        job.done_rows += rows
+        job.compute_ms += ms
+        if job.done_rows < job.hidden.shape[0]:
+            self._queue.append(job)  # to the back: waiting decode steps and other prefills go first
+            return
+        full = job.outs[-1] if (ex.is_last and not job.all_logits) else np.concatenate(job.outs)
+        _settle(job, StepResult(full, job.compute_ms), None)
+
+
+def _settle(job: _Job, result: Any, err: BaseException | None) -> None:
+    if job.fut.done():
+        return
+    if err is not None:
+        job.fut.set_exception(err)
+    else:
+        job.fut.set_result(result)
+
+
+def probe_exact_batch_rows(ex: SpanExecutor, rows: int, *, seed: int = 0) -> int:
+    """Largest batch (<= rows) whose per-sequence outputs equal solo steps bit for bit, measured.
+
+    Uses sequences 0..rows-1, which must be empty, and leaves them empty. Each gets a short random
+    history of its own, then one random row is stepped alone and again in a batch of `rows`; if any
+    output differs, a batch of 3 (below ggml-cpu's 4-row gemm switch) is tried, then 1.
+
+    Args:
+        ex: a span executor with no sequence in use.
+        rows: the batch size wanted, 1..n_seq_max.
+    Returns:
+        rows, 3 or 1.
+    Raises:
+        ExecutorError: a sequence is not empty, or llama.cpp failed.
+    """
+    rows = max(1, min(rows, ex.n_seq_max, ex.n_batch))
+    for s in range(rows):
+        if ex.pos_max(s) != -1:
+            raise ExecutorError(f"probe needs empty sequences, {s} holds tokens")
+    rng = np.random.default_rng(seed)
+    try:
+        hist = [rng.standard_normal((3 + s, ex.n_embd)).astype(np.float32) for s in range(rows)]
+        for s, h in enumerate(hist):
+            ex.forward(s, 0, h)
+        xs = [rng.standard_normal((1, ex.n_embd)).astype(np.float32) for _ in range(rows)]
+        solo = []
+        for s in range(rows):
+            solo.append(ex.forward(s, len(hist[s]), xs[s]))
+            ex.truncate(s, len(hist[s]))
+        for n in sorted({rows, min(rows, 3), 1}, reverse=True):
+            outs = ex.forward_batch([BatchStep(s, len(hist[s]), xs[s]) for s in range(n)])
+            for s in range(n):
+                ex.truncate(s, len(hist[s]))
+            if all(np.array_equal(o, r) for o, r in zip(outs, solo)):
+                return n
+        return 1
+    finally:
+        for s in range(rows):
+            ex.clear(s)
+
+
+def exact_batch_cap(ex: SpanExecutor, *, probe_rows: int = 8) -> int:
+    """Batch-row cap for a span: n_batch (and n_seq_max) when a probe of `probe_rows` rows, past
+    ggml-cpu's 4-row gemm switch, is exact; else what the probe found (3 or 1).
+
+    Uses and empties sequences 0..probe_rows-1 (see `probe_exact_batch_rows`).
+    """
+    rows = probe_exact_batch_rows(ex, probe_rows)
+    if rows >= min(probe_rows, ex.n_seq_max, ex.n_batch) and rows >= 4:
+        return min(ex.n_seq_max, ex.n_batch)
+    return rows

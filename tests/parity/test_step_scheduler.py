@@ -1,0 +1,193 @@
+"""The peer's step scheduler on real spans: batched decode steps of concurrent sessions equal their
+solo runs bit for bit, and a long prefill is cut into chunks with other sessions' decode steps
+served between them.
+
+SmolLM2 (Q4_1: no repacked kernel, so every batch size is exact) as a 2-span chain and whole;
+Qwen2.5 0.5B (Q4_K: repacked, batches capped where the probe finds them exact) whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from swarm.ggml_bridge.embed import TokenEmbedder
+from swarm.errors import ExecutorError
+from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
+from swarm.models import resolve_model
+from swarm.peer.scheduler import StepScheduler, exact_batch_cap
+from tests.parity.test_chain_parity import N_THREADS, open_chain
+
+N_SESSIONS = 8
+N_STEPS = 12
+BLOCK = 64  # the peers' n_batch: prefill chunks of one prefix block
+
+
+def schedulers(chain: list[SpanExecutor], pool: ThreadPoolExecutor) -> list[StepScheduler]:
+    out = []
+    for ex in chain:
+        sch = StepScheduler(lambda ex=ex: ex, asyncio.Lock(), pool, chunk_tokens=BLOCK)
+        sch.max_batch_rows = exact_batch_cap(ex)
+        out.append(sch)
+    return out
+
+
+async def greedy_session(scheds, embedder, seq_id, prompt, n_steps) -> np.ndarray:
+    """Prefill then greedy decode through every span's scheduler; [1 + n_steps, n_vocab] logits."""
+
+    async def through(pos0, ids):
+        h = embedder.embed(ids)
+        for sch in scheds:
+            h = (await sch.step(seq_id, pos0, h)).out
+        return h[-1]
+
+    rows = [await through(0, prompt)]
+    for i in range(n_steps):
+        rows.append(await through(len(prompt) + i, [int(np.argmax(rows[-1]))]))
+    return np.stack(rows)
+
+
+def solo_runs(chain, embedder, prompts, n_steps) -> list[np.ndarray]:
+    """Each prompt alone on sequence 0, one session at a time (the cache emptied in between)."""
+    out = []
+    with ThreadPoolExecutor(1) as pool:
+        for p in prompts:
+            scheds = [StepScheduler(lambda ex=ex: ex, asyncio.Lock(), pool, chunk_tokens=BLOCK)
+                      for ex in chain]
+            out.append(asyncio.run(greedy_session(scheds, embedder, 0, p, n_steps)))
+            for ex in chain:
+                ex.clear(0)
+    return out
+
+
+def concurrent_runs(chain, embedder, prompts, n_steps):
+    """All prompts at once, one session each (sequence i); returns (logits per session, schedulers)."""
+    with ThreadPoolExecutor(1) as pool:
+        scheds = schedulers(chain, pool)
+
+        async def main():
+            return await asyncio.gather(
+                *(greedy_session(scheds, embedder, i, p, n_steps) for i, p in enumerate(prompts))
+            )
+
+        return asyncio.run(main()), scheds
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def prompts(oracle_for, smol):
+    full = oracle_for(smol).prompt
+    # Together at most 256 tokens with their decode steps: open_chain's KV cache.
+    return [full[3 * i : 3 * i + 8 + 2 * i] for i in range(N_SESSIONS)]
+
+
+@pytest.mark.parametrize("cuts", [(), (15,)], ids=["whole", "chain"])
+def test_eight_concurrent_sessions_equal_their_solo_runs(smol, prompts, span_cache, cuts):
+    embedder = TokenEmbedder(smol)
+    chain = open_chain(smol, cuts, span_cache, n_seq_max=N_SESSIONS, n_batch=BLOCK)
+    try:
+        solo = solo_runs(chain, embedder, prompts, N_STEPS)
+        together, scheds = concurrent_runs(chain, embedder, prompts, N_STEPS)
+    finally:
+        for ex in chain:
+            ex.close()
+    for i in range(N_SESSIONS):
+        assert np.array_equal(together[i], solo[i]), (i, float(np.abs(together[i] - solo[i]).max()))
+    assert len({tuple(np.argmax(s, axis=1)) for s in solo}) == N_SESSIONS  # eight different generations
+    for sch in scheds:
+        assert sch.max_batch_rows == N_SESSIONS
+    biggest = [max(rows for kind, _, rows in sch.units if kind == "batch") for sch in scheds]
+    if not cuts:
+        # One span: sessions staggered by their prefills merge into one batch of all eight.
+        assert biggest == [N_SESSIONS]
+    else:
+        # A chain pipelines: sessions alternate between the spans in groups, each batched.
+        assert min(biggest) >= 2
+
+
+def test_repacked_weights_batch_only_as_far_as_exact(oracle_for, span_cache):
+    qwen = resolve_model("qwen2.5-coder-0.5b")
+    embedder = TokenEmbedder(qwen)
+    full = oracle_for(smol_path := resolve_model("smollm2-135m")).prompt  # any real token ids < 49152
+    del smol_path
+    prompts = [full[4 * i : 4 * i + 16 + 3 * i] for i in range(N_SESSIONS)]
+    ex = SpanExecutor.for_span(qwen, 0, 24, n_ctx_tokens=1024, n_seq_max=N_SESSIONS, n_threads=N_THREADS,
+                               cache_dir=span_cache, n_batch=BLOCK)
+    try:
+        solo = solo_runs([ex], embedder, prompts, 4)
+        together, (sch,) = concurrent_runs([ex], embedder, prompts, 4)
+    finally:
+        ex.close()
+    assert 1 < sch.max_batch_rows < N_SESSIONS
+    assert max(rows for kind, _, rows in sch.units if kind == "batch") == sch.max_batch_rows
+    for i in range(N_SESSIONS):
+        assert np.array_equal(together[i], solo[i]), (i, float(np.abs(together[i] - solo[i]).max()))
+
+
+def test_decode_steps_run_between_the_chunks_of_a_long_prefill(smol, prompts, span_cache):
+    """Ordering only: with one unified KV cache, session 1's cells between the prefill's chunks
+    change llama.cpp's rounding for both sessions (a sequence's results depend on its KV cell
+    layout, see docs/benchmarks.md), so outputs are compared with solo runs elsewhere."""
+    embedder = TokenEmbedder(smol)
+    ex = SpanExecutor.for_span(smol, 0, 30, n_ctx_tokens=1024, n_seq_max=2, n_threads=N_THREADS,
+                               cache_dir=span_cache, n_batch=BLOCK)
+    rng = np.random.default_rng(0)
+    long_rows = embedder.embed(list(rng.integers(100, 40_000, size=5 * BLOCK)))
+    b_prompt = prompts[0]
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            sch = StepScheduler(lambda: ex, asyncio.Lock(), pool, chunk_tokens=BLOCK)
+
+            async def main():
+                b_last = (await sch.step(1, 0, embedder.embed(b_prompt))).out[-1]
+                prefill = asyncio.ensure_future(sch.step(0, 0, long_rows, all_logits=True))
+                during = 0
+                for i in range(12):
+                    x = embedder.embed([int(np.argmax(b_last))])
+                    b_last = (await sch.step(1, len(b_prompt) + i, x)).out[0]
+                    during += not prefill.done()
+                return (await prefill).out, during
+
+            long_out, during = asyncio.run(main())
+            positions = [ex.pos_max(0), ex.pos_max(1)]
+    finally:
+        ex.close()
+    assert long_out.shape == (5 * BLOCK, ex.n_vocab)  # every row's logits, chunk outputs joined
+    assert positions == [5 * BLOCK - 1, len(b_prompt) + 11]
+    kinds = [(kind, seqs, rows) for kind, seqs, rows in sch.units]
+    chunks = [i for i, (kind, seqs, _) in enumerate(kinds) if kind == "chunk" and seqs == (0,)]
+    assert [kinds[i][2] for i in chunks] == [BLOCK] * 5  # cut on the 64-row grid
+    # Between every two chunks of the prefill, session 1's decode step ran.
+    for a, b in zip(chunks, chunks[1:]):
+        assert ("batch", (1,), 1) in kinds[a + 1 : b]
+    assert during >= 4
+
+
+def test_a_refused_batch_leaves_every_sequence_as_it_was(smol, span_cache):
+    embedder = TokenEmbedder(smol)
+    ex = SpanExecutor.for_span(smol, 0, 15, n_ctx_tokens=256, n_seq_max=4, n_threads=N_THREADS,
+                               cache_dir=span_cache, n_batch=BLOCK)
+    try:
+        for s, n in enumerate((5, 7, 9)):
+            ex.forward(s, 0, embedder.embed(list(range(100, 100 + n))))
+        x = embedder.embed([42])
+        good = [BatchStep(0, 5, x), BatchStep(1, 7, x)]
+        with pytest.raises(ExecutorError, match="position"):  # sequence 2 is at 9, not 3
+            ex.forward_batch([*good, BatchStep(2, 3, x)])
+        with pytest.raises(ExecutorError, match="one step per sequence"):
+            ex.forward_batch([*good, BatchStep(0, 5, x)])
+        with pytest.raises(ExecutorError, match=f"at most {BLOCK} rows"):
+            ex.forward_batch([*good, BatchStep(3, 0, embedder.embed([7] * (BLOCK - 1)))])
+        assert [ex.pos_max(s) for s in range(4)] == [4, 6, 8, -1]
+        outs = ex.forward_batch(good)  # the same batch, now valid, runs
+        assert [o.shape for o in outs] == [(1, ex.n_embd)] * 2
+        assert [ex.pos_max(s) for s in range(4)] == [5, 7, 8, -1]
+    finally:
+        ex.close()
