@@ -227,8 +227,12 @@ async def _dispatch(rt: SpanRuntime, slot: SessionSlot, sampling: SamplingParams
                 rt.prefixes.keep(prefixes.offers, kv)
         return reply
     if isinstance(frame, Truncate):
-        rt.sessions.truncate(slot, frame.pos)
+        if not 0 <= frame.pos <= slot.pos:
+            raise RequestError(f"truncate to {frame.pos}: the session holds positions 0..{slot.pos - 1}")
+        # the cache first: a recurrent state cannot roll back into a sequence (ArchRow.rollback_exact),
+        # and when the executor refuses, the table must still say where the cache is
         await rt.run(rt.executor.truncate, slot.seq_id, frame.pos)
+        rt.sessions.truncate(slot, frame.pos)
         return OpenOk(reserved_tokens=slot.reserved_tokens)
     raise RequestError(f"unexpected {type(frame).__name__} frame in an open session")
 

@@ -191,3 +191,26 @@ def test_a_refused_batch_leaves_every_sequence_as_it_was(smol, span_cache):
         assert [ex.pos_max(s) for s in range(4)] == [5, 7, 8, -1]
     finally:
         ex.close()
+
+
+def test_a_prefill_failing_in_a_later_chunk_is_rolled_back_whole(smol, span_cache):
+    embedder = TokenEmbedder(smol)
+    ex = SpanExecutor.for_span(smol, 0, 15, n_ctx_tokens=256, n_seq_max=2, n_threads=N_THREADS,
+                               cache_dir=span_cache, n_batch=BLOCK)
+    try:
+        ex.forward(1, 0, embedder.embed([5, 6, 7]))
+        rows = embedder.embed(list(range(100, 100 + 4 * BLOCK)))  # 3 + 256 rows > the 256 cells
+
+        async def main():
+            with ThreadPoolExecutor(1) as pool:
+                sch = StepScheduler(lambda: ex, asyncio.Lock(), pool, chunk_tokens=BLOCK)
+                with pytest.raises(ExecutorError, match="KV cache full"):
+                    await sch.step(0, 0, rows)
+                return [k for k, _, _ in sch.units]
+
+        kinds = asyncio.run(main())
+        assert kinds == ["chunk"] * 4  # three chunks went in before the fourth found no cells
+        assert [ex.pos_max(0), ex.pos_max(1)] == [-1, 2]  # the step is gone whole; the other stays
+        assert ex.forward(0, 0, rows[:BLOCK]).shape == (BLOCK, ex.n_embd)  # and the cells are free
+    finally:
+        ex.close()
