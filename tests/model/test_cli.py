@@ -192,6 +192,9 @@ class Repl:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            # a test run started in the background by a shell without job control inherits SIGINT
+            # ignored, and Python then never raises KeyboardInterrupt: give the REPL the default
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.out = {"stdout": b"", "stderr": b""}
         self._names = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
