@@ -69,17 +69,8 @@ class _Answer:
         return self._text("", reason, None).model_dump_json()
 
     def usage_chunk(self, usage: oa.Usage) -> str:
-        if self.endpoint == "chat":
-            chunk = oa.ChatCompletionChunk(
-                id=self.id,
-                created=self.created,
-                model=self.model,
-                system_fingerprint=self.fingerprint,
-                choices=[],
-                usage=usage,
-            )
-            return chunk.model_dump_json()
-        body = oa.TextCompletion(
+        kind = oa.ChatCompletionChunk if self.endpoint == "chat" else oa.TextCompletion
+        chunk = kind(
             id=self.id,
             created=self.created,
             model=self.model,
@@ -87,7 +78,7 @@ class _Answer:
             choices=[],
             usage=usage,
         )
-        return body.model_dump_json()
+        return chunk.model_dump_json()
 
     def whole(self, text: str, reason: str, usage: oa.Usage) -> dict:
         if self.endpoint == "chat":
