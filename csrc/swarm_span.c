@@ -21,6 +21,7 @@ struct swarm_span {
     int32_t  n_embd;
     int32_t  n_vocab;
     int32_t  n_batch;        // effective llama_n_batch(ctx)
+    int32_t  n_ubatch;       // effective llama_n_ubatch(ctx)
     uint32_t n_seq_max;
     bool     is_last;
     char     capture[CAPTURE_NAME_MAX + 16];  // "<capture_name>-<layer>"
@@ -166,7 +167,10 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
     cp.n_threads       = p->n_threads;
     cp.n_threads_batch = p->n_threads;
     cp.flash_attn_type = (enum llama_flash_attn_type) p->flash_attn;
-    cp.kv_unified      = true;
+    // One KV stream per sequence (n_ctx / n_seq_max cells each): a sequence's cells start at cell 0
+    // of its own stream whatever the other sequences hold, so its results equal a solo run. With
+    // one shared (unified) stream, where a sequence's cells land changes its numbers (csrc/README.md).
+    cp.kv_unified      = false;
     cp.embeddings      = false;
     cp.no_perf         = true;
     if (!s->is_last) {
@@ -179,7 +183,8 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
         return SWARM_ERR_CONTEXT;
     }
     s->mem     = llama_get_memory(s->ctx);
-    s->n_batch = (int32_t) llama_n_batch(s->ctx);
+    s->n_batch  = (int32_t) llama_n_batch(s->ctx);
+    s->n_ubatch = (int32_t) llama_n_ubatch(s->ctx);
     if (alloc_batch(s) != SWARM_OK) {
         swarm_span_close(s);
         return SWARM_ERR_CONTEXT;
@@ -211,6 +216,7 @@ void swarm_span_close(struct swarm_span * s) {
 int32_t swarm_span_n_embd(const struct swarm_span * s)  { return s ? s->n_embd : 0; }
 int32_t swarm_span_n_vocab(const struct swarm_span * s) { return s ? s->n_vocab : 0; }
 int32_t swarm_span_n_ctx(const struct swarm_span * s)   { return s ? (int32_t) llama_n_ctx(s->ctx) : 0; }
+int32_t swarm_span_n_ctx_seq(const struct swarm_span * s) { return s ? (int32_t) llama_n_ctx_seq(s->ctx) : 0; }
 
 static int check_seq(const struct swarm_span * s, int32_t seq_id) {
     if (!s) {
@@ -327,11 +333,13 @@ static int check_step(struct swarm_span * s, const struct swarm_span_step * st) 
     return st->pos0 == llama_memory_seq_pos_max(s->mem, st->seq_id) + 1 ? SWARM_OK : SWARM_ERR_POS;
 }
 
-// Copies the batch's output rows back into each step's out buffer (rows in batch order).
-static int split_outputs(struct swarm_span * s, const struct swarm_span_step * steps, int32_t n_steps) {
+// Copies one group's output rows back into its steps' out buffers: the group is steps[order[g0..g1)],
+// decoded in that order as one ubatch, so its rows come sequence after sequence.
+static int split_outputs(struct swarm_span * s, const struct swarm_span_step * steps, const int32_t * order,
+                         int32_t g0, int32_t g1) {
     int32_t row = 0;
-    for (int32_t k = 0; k < n_steps; k++) {
-        const struct swarm_span_step * st = &steps[k];
+    for (int32_t k = g0; k < g1; k++) {
+        const struct swarm_span_step * st = &steps[order[k]];
         if (!s->is_last) {
             memcpy(st->out, s->cap_scratch + (size_t) row * s->n_embd,
                    sizeof(float) * (size_t) st->n_tokens * (size_t) s->n_embd);
@@ -353,6 +361,46 @@ static int split_outputs(struct swarm_span * s, const struct swarm_span_step * s
     return SWARM_OK;
 }
 
+// Decodes the group steps[order[g0..g1)] in one llama_decode call; embd has room for its rows.
+static int decode_group(struct swarm_span * s, const struct swarm_span_step * steps, const int32_t * order,
+                        int32_t g0, int32_t g1, float * embd) {
+    int32_t t = 0;
+    for (int32_t k = g0; k < g1; k++) {
+        const struct swarm_span_step * st = &steps[order[k]];
+        memcpy(embd + (size_t) t * s->n_embd, st->embd, sizeof(float) * (size_t) st->n_tokens * s->n_embd);
+        for (int32_t i = 0; i < st->n_tokens; i++, t++) {
+            s->pos[t]     = st->pos0 + i;
+            s->seq_ids[t] = st->seq_id;
+            s->logits[t]  = s->is_last ? (int8_t) (st->all_logits || i == st->n_tokens - 1) : 1;
+        }
+    }
+    struct llama_batch b = {
+        .n_tokens = t,
+        .token    = NULL,
+        .embd     = embd,
+        .pos      = s->pos,
+        .n_seq_id = s->n_seq_id,
+        .seq_id   = s->seq_ptrs,
+        .logits   = s->logits,
+    };
+    if (!s->is_last) {
+        s->cap_dst      = s->cap_scratch;
+        s->cap_rows     = 0;
+        s->cap_max_rows = t;
+        s->cap_err      = 0;
+    }
+    spread_pos(s, b.n_tokens);
+    int rc = llama_decode(s->ctx, b);
+    s->cap_dst = NULL;
+    if (rc != 0) {
+        return map_decode_rc(rc);
+    }
+    if (!s->is_last && (s->cap_err || s->cap_rows != t)) {
+        return SWARM_ERR_CAPTURE;
+    }
+    return split_outputs(s, steps, order, g0, g1);
+}
+
 int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step * steps, int32_t n_steps) {
     if (!s || !steps || n_steps < 1 || (uint32_t) n_steps > s->n_seq_max) {
         return SWARM_ERR_ARG;
@@ -369,51 +417,40 @@ int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step
             }
         }
         if (steps[k].n_tokens > s->n_batch - total) {
-            return SWARM_ERR_ARG;  // the caller splits: one llama_decode call per batch
+            return SWARM_ERR_ARG;  // the caller splits: at most n_batch rows per call
         }
         total += steps[k].n_tokens;
     }
-    // The embeddings of all steps must be contiguous for llama_batch.embd: gather them.
+    // With one KV stream per sequence, llama.cpp puts only sequences of consecutive ids, with equal
+    // token counts, in one ubatch (split_equal, sequential), and the capture callback sees rows
+    // ubatch by ubatch. So: order the steps by seq id and decode each run of consecutive ids with
+    // equal n_tokens (and at most n_ubatch rows) as its own llama_decode call, which is exactly one
+    // ubatch with rows in that order.
+    int32_t order[256];  // n_steps <= n_seq_max <= 256
+    for (int32_t k = 0; k < n_steps; k++) {
+        int32_t j = k;
+        while (j > 0 && steps[order[j - 1]].seq_id > steps[k].seq_id) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = k;
+    }
     float * embd = malloc(sizeof(float) * (size_t) total * (size_t) s->n_embd);
     if (!embd) {
         return SWARM_ERR_DECODE;
     }
-    int32_t t = 0;
-    for (int32_t k = 0; k < n_steps; k++) {
-        const struct swarm_span_step * st = &steps[k];
-        memcpy(embd + (size_t) t * s->n_embd, st->embd, sizeof(float) * (size_t) st->n_tokens * s->n_embd);
-        for (int32_t i = 0; i < st->n_tokens; i++, t++) {
-            s->pos[t]     = st->pos0 + i;
-            s->seq_ids[t] = st->seq_id;
-            s->logits[t]  = s->is_last ? (int8_t) (st->all_logits || i == st->n_tokens - 1) : 1;
+    int rc = SWARM_OK;
+    for (int32_t g0 = 0; g0 < n_steps && rc == SWARM_OK;) {
+        const int32_t n = steps[order[g0]].n_tokens;
+        int32_t g1 = g0 + 1;
+        while (g1 < n_steps && steps[order[g1]].seq_id == steps[order[g1 - 1]].seq_id + 1 &&
+               steps[order[g1]].n_tokens == n && (g1 - g0 + 1) * n <= s->n_ubatch) {
+            g1++;
         }
+        rc = decode_group(s, steps, order, g0, g1, embd);
+        g0 = g1;
     }
-    struct llama_batch b = {
-        .n_tokens = total,
-        .token    = NULL,
-        .embd     = embd,
-        .pos      = s->pos,
-        .n_seq_id = s->n_seq_id,
-        .seq_id   = s->seq_ptrs,
-        .logits   = s->logits,
-    };
-    if (!s->is_last) {
-        s->cap_dst      = s->cap_scratch;
-        s->cap_rows     = 0;
-        s->cap_max_rows = total;
-        s->cap_err      = 0;
-    }
-    spread_pos(s, b.n_tokens);
-    int rc = llama_decode(s->ctx, b);
-    s->cap_dst = NULL;
     free(embd);
-    if (rc != 0) {
-        rc = map_decode_rc(rc);
-    } else if (!s->is_last && (s->cap_err || s->cap_rows != total)) {
-        rc = SWARM_ERR_CAPTURE;
-    } else {
-        rc = split_outputs(s, steps, n_steps);
-    }
     if (rc != SWARM_OK) {
         for (int32_t k = 0; k < n_steps; k++) {
             llama_memory_seq_rm(s->mem, steps[k].seq_id, steps[k].pos0, -1);

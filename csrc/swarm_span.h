@@ -5,8 +5,11 @@
 // span's last block (graph tensor "<capture_name>-<capture_layer>") is copied out in C from the
 // scheduler eval callback; on the final span the output norm + head run and logits come back.
 //
-// Many sessions share one context: each is a llama.cpp sequence (seq_id in [0, n_seq_max)) in one
-// unified KV cache of n_ctx cells, so sequences take cells from a common pool.
+// Many sessions share one context: each is a llama.cpp sequence (seq_id in [0, n_seq_max)) with a
+// KV stream of its own (llama.cpp's kv_unified = false): n_ctx cells split evenly, n_ctx_seq cells
+// per sequence (swarm_span_n_ctx_seq). A sequence's cells start at cell 0 of its stream whatever
+// the others hold, so its results do not depend on the other sequences; it can never hold more
+// than n_ctx_seq positions (SWARM_ERR_KV_FULL).
 //
 // Status codes: every int-returning function returns SWARM_OK (0) or one negative code below;
 // swarm_status_str() names it. No function aborts the process on bad input from the caller.
@@ -46,7 +49,8 @@ struct swarm_span;   // opaque handle: created by swarm_span_open, released by s
 
 struct swarm_span_params {
     const char * model_path;     // span GGUF; read (mmap) during open only, copied by llama.cpp
-    uint32_t     n_ctx;          // KV cells shared by all sequences (rounded up to 256 by llama.cpp)
+    uint32_t     n_ctx;          // KV cells in all; each sequence gets n_ctx / n_seq_max of them (llama.cpp
+                                 // rounds; swarm_span_n_ctx / swarm_span_n_ctx_seq give the result)
     uint32_t     n_seq_max;      // sequences (sessions), 1..256
     int32_t      n_threads;      // CPU threads for decode and prefill, >= 1
     uint32_t     n_batch;        // max tokens per llama_decode call; longer steps are split
@@ -80,21 +84,25 @@ void swarm_span_close(struct swarm_span * s);
 
 int32_t swarm_span_n_embd (const struct swarm_span * s);  // hidden size of the model
 int32_t swarm_span_n_vocab(const struct swarm_span * s);  // 1 for a non-final span
-int32_t swarm_span_n_ctx  (const struct swarm_span * s);  // KV cells after llama.cpp's rounding
+int32_t swarm_span_n_ctx  (const struct swarm_span * s);  // KV cells in all, after llama.cpp's rounding
+int32_t swarm_span_n_ctx_seq(const struct swarm_span * s); // KV cells of one sequence's stream: the most
+                                                           // positions one sequence can hold
 
 // Run one step. Atomic per sequence: on any error the sequence's KV is as before the call.
 // Steps longer than n_batch are decoded in n_batch chunks. Errors: ARG, SEQ, POS, KV_FULL,
 // DECODE, CAPTURE, BUF.
 int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * step);
 
-// Run one step for each of n_steps different sequences in ONE llama_decode call (one ubatch), so
-// the weights are read once for all of them. steps[k] is read as for swarm_span_execute and its
-// out gets the same rows it would get there. Needs 1 <= n_steps <= n_seq_max, distinct seq_ids and
-// sum of n_tokens <= n_batch (the caller splits longer work). Atomic for the whole batch: on any
-// error every step's sequence is as before the call. Results per sequence equal a solo step only
-// where llama.cpp's kernels do not depend on the batch's row count (see tests/parity/
-// test_executor_sessions.py). Errors: ARG (also duplicate seq_id, too many tokens), SEQ, POS,
-// KV_FULL, DECODE, CAPTURE, BUF.
+// Run one step for each of n_steps different sequences together, so the weights are read once per
+// ubatch for all of them. steps[k] is read as for swarm_span_execute and its out gets the same rows
+// it would get there. Needs 1 <= n_steps <= n_seq_max, distinct seq_ids and sum of n_tokens <=
+// n_batch (the caller splits longer work). The steps are ordered by seq_id and each run of
+// consecutive seq_ids with equal n_tokens (at most n_ubatch rows) is one llama_decode call and one
+// ubatch: llama.cpp batches only consecutive KV streams together, so a batch of seq ids {0, 1, 2, 5}
+// costs two ubatches. Atomic for the whole batch: on any error every step's sequence is as before
+// the call. Results per sequence equal a solo step only where llama.cpp's kernels do not depend on
+// the ubatch's row count (see tests/parity/test_executor_sessions.py). Errors: ARG (also duplicate
+// seq_id, too many tokens), SEQ, POS, KV_FULL, DECODE, CAPTURE, BUF.
 int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step * steps, int32_t n_steps);
 
 // Drop positions >= pos of seq_id (pos >= 0). Errors: ARG, SEQ, STATE.

@@ -168,7 +168,7 @@ def bench_peer(path: Path, n: int, n_decode: int, root: Path) -> dict:
 def bench_prefill(path: Path, n_prefill: int, n_decode: int) -> dict:
     """Session B decodes while A prefills n_prefill rows; B's worst gap per chunk size."""
     emb = TokenEmbedder(path)
-    ex = open_whole(path, 2, n_prefill + 512)
+    ex = open_whole(path, 2, 2 * (n_prefill + 512))  # each of the 2 sequences has its own KV stream
     rng = np.random.default_rng(0)
     long_ids = [int(t) for t in rng.integers(100, 20_000, size=n_prefill)]
     b_ids = [int(t) for t in rng.integers(100, 20_000, size=16)]

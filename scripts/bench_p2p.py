@@ -4,7 +4,9 @@ One server node echoes frames on a persistent stream (swarm.p2p, the transport s
 client node joined through it sends `--round-trips` frames of each size one at a time and times each
 send + receive. Sizes: one hidden state in float32 of SmolLM2 (576 → 2304 B) and Qwen 0.5B (896 →
 3584 B), plus a 64 KiB frame. Also reports the transport's ping (the fastest of 3 echoes on a fresh
-stream) and the cost of opening a stream. Prints one JSON object.
+stream) and the cost of opening a stream. The same echoes then run over a direct TCP stream
+(swarm.direct: a ticket over libp2p, then ChaCha20-Poly1305-sealed frames), side by side.
+Prints one JSON object.
 
     python scripts/bench_p2p.py [--round-trips 1000]
 
@@ -25,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from swarm.dht.node import SwarmDHT
+from swarm.direct import DirectServer, dial, direct_maddrs
 from swarm.p2p import StreamSession
 
 ECHO = "/bench/echo/1"
@@ -64,25 +67,46 @@ async def run(round_trips: int, tmp: Path) -> dict:
             await stream.close()
         out["open_stream"] = summary_ms(opens)
         async with await client.transport.open_stream(*target, ECHO) as stream:
-            for name, size in FRAME_SIZES.items():
-                frame = bytes(range(256)) * (size // 256) + bytes(size % 256)
-                for _ in range(20):  # warm-up
-                    await stream.send(frame)
-                    await stream.recv(10)
-                times = []
-                for _ in range(round_trips):
-                    t0 = time.perf_counter()
-                    await stream.send(frame)
-                    reply = await stream.recv(10)
-                    times.append(time.perf_counter() - t0)
-                    if reply != frame:
-                        raise SystemExit(f"{name}: the echo differs from the frame sent")
-                out[name] = {"frame_bytes": size, **summary_ms(times)}
+            out |= await echo_sizes(stream, round_trips)
+        direct = DirectServer(server.transport, {ECHO: echo})
+        endpoints = direct_maddrs(["127.0.0.1"], await direct.start("127.0.0.1", 0))
+        try:
+            opens = []
+            for _ in range(50):
+                t0 = time.perf_counter()
+                stream = await dial(client.transport, *target, endpoints, ECHO, 10)
+                opens.append(time.perf_counter() - t0)
+                await stream.close()
+            out["direct"] = {"open_stream": summary_ms(opens)}
+            async with await dial(client.transport, *target, endpoints, ECHO, 10) as stream:
+                out["direct"] |= await echo_sizes(stream, round_trips)
+        finally:
+            await direct.close()
         out["loadavg_end"] = loadavg()
         return out
     finally:
         await client.shutdown()
         await server.shutdown()
+
+
+async def echo_sizes(stream: StreamSession, round_trips: int) -> dict:
+    """Round-trip times of `round_trips` echoes of each FRAME_SIZES frame on `stream`."""
+    out = {}
+    for name, size in FRAME_SIZES.items():
+        frame = bytes(range(256)) * (size // 256) + bytes(size % 256)
+        for _ in range(20):  # warm-up
+            await stream.send(frame)
+            await stream.recv(10)
+        times = []
+        for _ in range(round_trips):
+            t0 = time.perf_counter()
+            await stream.send(frame)
+            reply = await stream.recv(10)
+            times.append(time.perf_counter() - t0)
+            if reply != frame:
+                raise SystemExit(f"{name}: the echo differs from the frame sent")
+        out[name] = {"frame_bytes": size, **summary_ms(times)}
+    return out
 
 
 def main() -> int:

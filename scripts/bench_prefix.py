@@ -37,7 +37,8 @@ QUESTIONS = (
 
 
 def serve(path: Path, layers: str, *extra: str) -> tuple[str, ...]:
-    return ("serve", "--model", str(path), "--layers", layers, "--threads", "1", "--cache-tokens", "4096",
+    # 32,768 cells: 4,096 per session with the default 8 sessions (each has its own KV stream)
+    return ("serve", "--model", str(path), "--layers", layers, "--threads", "1", "--cache-tokens", "32768",
             "--announce-period", "3", *extra)  # fmt: skip
 
 
@@ -90,7 +91,8 @@ def main() -> int:
                 time.sleep(4)  # holdings records refresh
                 held = client.stream("Hello", max_new_tokens=64)
                 next(iter(held))  # holds m1's only session slot
-                fresh = ps.start("m2", *serve(path, "8:16", *join))
+                # as many sessions (KV streams) as m1: a snapshot imports only into the same layout
+                fresh = ps.start("m2", *serve(path, "8:16", "--max-sessions", "1", *join))
                 time.sleep(4)
                 s3 = run(client, prompts[1], args.tokens)
                 held.close()

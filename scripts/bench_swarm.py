@@ -120,7 +120,7 @@ def start_swarm(root: Path, path: Path, n_layers: int, threads: int, spincount: 
                 "--threads",
                 str(threads),
                 "--cache-tokens",
-                "2048",
+                "16384",  # 2,048 per session (8 sessions, each with its own KV stream)
                 *join,
             )
     except BaseException:
@@ -161,6 +161,7 @@ def _swarm_run(client: Client, prompt: str, n_decode: int) -> dict:
         "decode_tokens": tel.generated_tokens - 1,
         "decode_tok_s": round(tel.decode_tokens_per_s, 2),
         "hops": [[h.start, h.end] for h in tel.route],
+        "transports": [h.transport for h in tel.route],
         "step_ms_p50": pct(steps, 50),
         "step_ms_p90": pct(steps, 90),
         "overhead_per_step_ms_p50": pct(overhead, 50),

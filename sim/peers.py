@@ -207,6 +207,8 @@ class PeerLink:
             runs differ.
     """
 
+    transport = "sim"
+
     def __init__(self, peer: SimPeer, owner: str, rtt_s: float, key: int):
         self.peer_id, self._peer, self._owner, self._rtt_s = peer.peer_id, peer, owner, rtt_s
         self._key = key

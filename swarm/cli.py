@@ -118,8 +118,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_peer_args(s, bittorrent=True)
     s.add_argument("--new-swarm", action="store_true", help="start a new swarm (no --initial-peers)")
-    s.add_argument("--max-sessions", type=int, default=8)
-    s.add_argument("--cache-tokens", type=int, default=16384, help="KV-cache tokens shared by all sessions")
+    s.add_argument(
+        "--max-sessions", type=int, default=8, help="sessions open at once, each with a KV stream of its own"
+    )
+    s.add_argument(
+        "--cache-tokens", type=int, default=16384,
+        help="KV-cache tokens in all; each session holds at most cache-tokens / max-sessions of them "
+        "(rounded up to a multiple of 256; 2,048 with the defaults), its longest prompt + generation",
+    )
     s.add_argument("--threads", type=int, default=1, help="llama.cpp compute threads")
     s.add_argument("--announce-period", type=float, default=30.0, help="seconds between DHT refreshes")
     s.add_argument("--public-name", default=None)
@@ -137,6 +143,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--debug-tamper-snapshots", default=None, help=argparse.SUPPRESS)
     s.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on --host:PORT")
+    s.add_argument(
+        "--direct-port",
+        type=int,
+        default=0,
+        help="TCP port on --host for direct span streams from clients, set up and authenticated over "
+        "libp2p (0: any free port; behind a NAT, forward it and give a fixed one)",
+    )
+    s.add_argument(
+        "--no-direct", action="store_true", help="offer no direct streams: clients use libp2p streams only"
+    )
+    s.add_argument("--inline-max-ms", type=float, default=None, help=argparse.SUPPRESS)  # benchmarks
     s.set_defaults(func=_serve)
 
     d = sub.add_parser("dht", help="run a DHT-only peer and print the multiaddrs others join with")
@@ -298,6 +315,8 @@ def _serve(args) -> None:
             prefix_disk_bytes=args.prefix_disk_bytes,
             debug_tamper_snapshots=args.debug_tamper_snapshots,
             metrics_port=args.metrics_port,
+            direct_port=None if args.no_direct else args.direct_port,
+            **({} if args.inline_max_ms is None else {"inline_max_ms": args.inline_max_ms}),
         )
     )
 

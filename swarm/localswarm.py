@@ -128,10 +128,13 @@ def even_spans(n_layers: int, n_spans: int) -> list[tuple[int, int]]:
 
 
 def start_local_swarm(
-    root: Path, model_path: Path, n_layers: int, n_spans: int, threads: int = 1, cache_tokens: int = 4096
+    root: Path, model_path: Path, n_layers: int, n_spans: int, threads: int = 1, cache_tokens: int = 16384
 ) -> PeerSet:
     """A first DHT peer plus `n_spans` serving peers covering the model.
 
+    Args:
+        cache_tokens: each peer's KV cells; each of its 8 sessions holds an eighth (2,048 tokens by
+            default), the longest prompt + answer one session can have.
     Raises:
         SwarmError: a peer failed to start (the ones already started are stopped).
     """

@@ -5,7 +5,8 @@ reads reply frames many times, then closes. libp2p authenticates both ends, so a
 knows the remote peer id for sure (that is how a session is bound to its client).
 
 Framing: a 4-byte big-endian length, then that many bytes. A frame longer than the receiver's
-`max_frame_bytes` is refused: the receiver raises ProtocolError and closes that stream only.
+`max_frame_bytes` is refused: the receiver raises ProtocolError and closes that stream only. The same
+framing runs over swarm.direct's TCP connections, where a `FrameCipher` seals every frame.
 
 This module moves bytes; it does not know what the frames mean (swarm.wire) or where peers are (swarm.dht).
 """
@@ -16,7 +17,7 @@ import asyncio
 import logging
 import struct
 import time
-from typing import Awaitable, Callable, Iterable, Optional
+from typing import Awaitable, Callable, Iterable, Optional, Protocol
 
 from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
@@ -35,15 +36,31 @@ class StreamClosed(PeerUnreachable):
     """The remote side closed the stream cleanly, between two frames."""
 
 
+class FrameCipher(Protocol):
+    """Seals frames for sending and opens received ones, in stream order (swarm.direct)."""
+
+    overhead: int
+    """Bytes a sealed frame has beyond its plaintext."""
+
+    def seal(self, frame: bytes) -> bytes:
+        """The next frame to send, sealed."""
+
+    def open(self, sealed: bytes) -> bytes:
+        """The next received frame, opened. Raises ProtocolError when it is not authentic."""
+
+
 class StreamSession:
     """One open stream to one remote peer, carrying length-prefixed frames both ways.
 
     Use one sender and one receiver task at a time. Every failure closes the session.
 
     Attributes:
-        remote_peer_id: base58 peer id of the other end, authenticated by libp2p.
+        remote_peer_id: base58 peer id of the other end, authenticated by libp2p (or, on a direct
+            connection, by the ticket it redeemed: swarm.direct).
         protocol: the protocol name the stream was opened for.
-        max_frame_bytes: largest frame this side accepts or sends.
+        max_frame_bytes: largest frame this side accepts or sends (plaintext).
+        cipher: seals and opens every frame (direct connections); None on libp2p, which encrypts
+            and authenticates itself.
     """
 
     def __init__(
@@ -53,10 +70,12 @@ class StreamSession:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        cipher: FrameCipher | None = None,
     ):
         self.remote_peer_id = remote_peer_id
         self.protocol = protocol
         self.max_frame_bytes = max_frame_bytes
+        self.cipher = cipher
         self._reader = reader
         self._writer = writer
         self._closed = False
@@ -81,6 +100,8 @@ class StreamSession:
         if len(frame) > self.max_frame_bytes:
             await self.close()
             raise ProtocolError(f"frame of {len(frame)} bytes exceeds the limit of {self.max_frame_bytes}")
+        if self.cipher is not None:
+            frame = self.cipher.seal(frame)
         try:
             self._writer.writelines((_HEADER.pack(len(frame)), frame))
             await self._writer.drain()
@@ -100,8 +121,8 @@ class StreamSession:
             buf = bytes(getattr(self._reader, "_buffer", b""))
             if len(buf) >= _HEADER.size:
                 (length,) = _HEADER.unpack(buf[: _HEADER.size])
-                if length <= self.max_frame_bytes and len(buf) >= _HEADER.size + length:
-                    return buf[_HEADER.size : _HEADER.size + length]
+                if length <= self._max_wire_bytes and len(buf) >= _HEADER.size + length:
+                    return self._opened(buf[_HEADER.size : _HEADER.size + length])
             return None
         finally:
             await self.close()
@@ -141,15 +162,28 @@ class StreamSession:
         except (ConnectionError, OSError) as e:
             raise PeerUnreachable(f"stream from {self.remote_peer_id} broke: {e}") from e
         (length,) = _HEADER.unpack(header)
-        if length > self.max_frame_bytes:
+        if length > self._max_wire_bytes:
             raise ProtocolError(
                 f"{self.remote_peer_id} sent a frame of {length} bytes, "
-                f"over the limit of {self.max_frame_bytes}"
+                f"over the limit of {self._max_wire_bytes}"
             )
         try:
-            return await self._reader.readexactly(length)
+            data = await self._reader.readexactly(length)
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
             raise PeerUnreachable(f"stream from {self.remote_peer_id} broke inside a frame") from e
+        return data if self.cipher is None else self.cipher.open(data)
+
+    @property
+    def _max_wire_bytes(self) -> int:
+        return self.max_frame_bytes + (0 if self.cipher is None else self.cipher.overhead)
+
+    def _opened(self, data: bytes) -> Optional[bytes]:
+        if self.cipher is None:
+            return data
+        try:
+            return self.cipher.open(data)
+        except ProtocolError:
+            return None
 
     async def close(self) -> None:
         """Close the stream (idempotent). The remote's next recv raises StreamClosed."""
@@ -207,29 +241,35 @@ class SwarmP2P:
 
         async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             session = StreamSession(info.peer_id.to_base58(), info.proto, reader, writer, max_frame_bytes)
-            if self._closing:
-                await session.close()
-                return
-            task = asyncio.current_task()
-            self._handler_tasks.add(task)
-            try:
-                await handler(session)
-            except StreamClosed:
-                pass
-            except SwarmError as e:
-                logger.info("stream %s from %s ended: %s", protocol_name, session.remote_peer_id, e)
-            except Exception:
-                logger.exception(
-                    "handler for %s failed on a stream from %s", protocol_name, session.remote_peer_id
-                )
-            finally:
-                self._handler_tasks.discard(task)
-                await session.close()
+            await self.run_handler(handler, session)
 
         try:
             await self._p2p.add_binary_stream_handler(protocol_name, on_stream)
         except P2PDaemonError as e:
             raise PeerUnreachable(f"cannot serve {protocol_name}: {e}") from e
+
+    async def run_handler(self, handler: StreamHandler, session: StreamSession) -> None:
+        """Run `handler(session)` as one of this instance's handlers (cancelled by `close`), then close
+        the session. StreamClosed ends it quietly; other errors are logged and end this stream only.
+        Also serves streams that arrive by other ways (swarm.direct)."""
+        if self._closing:
+            await session.close()
+            return
+        task = asyncio.current_task()
+        self._handler_tasks.add(task)
+        try:
+            await handler(session)
+        except StreamClosed:
+            pass
+        except SwarmError as e:
+            logger.info("stream %s from %s ended: %s", session.protocol, session.remote_peer_id, e)
+        except Exception:
+            logger.exception(
+                "handler for %s failed on a stream from %s", session.protocol, session.remote_peer_id
+            )
+        finally:
+            self._handler_tasks.discard(task)
+            await session.close()
 
     async def close(self) -> None:
         """Stop serving: cancel running handlers (their streams close) and detach from p2pd; a p2pd this

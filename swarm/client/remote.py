@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import math
 import random
 import tempfile
@@ -32,6 +33,7 @@ from swarm.client.telemetry import GenerationTelemetry
 from swarm.client.tokenizer import Tokenizer
 from swarm.dht.node import SwarmDHT, get_dht_time
 from swarm.dht.records import Announcement
+from swarm.direct import dial
 from swarm.errors import PeerTimeout, PeerUnreachable, SwarmError
 from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.kv.prefix import PREFIX_BLOCK_TOKENS, prefix_offers
@@ -45,6 +47,8 @@ from swarm.route.plan import PeerSpan
 from swarm.route.snapshot import peer_spans
 from swarm.sampling import SamplingParams
 from swarm.wire import Close, Error, Frame, decode_frame, encode_frame
+
+logger = logging.getLogger(__name__)
 
 DHT_READ_TIMEOUT_S = 30.0
 """Reading the model's announcements from the DHT gives up after this long."""
@@ -152,12 +156,17 @@ class DHTDirectory:
         self._dht, self._model_id, self._probe_timeout_s = dht, model_id, probe_timeout_s
         self.rtt_ms: dict[str, float] = {}
         self._addrs: dict[str, tuple[str, ...]] = {}
+        self._direct: dict[str, tuple[str, ...]] = {}
         self._announced: list[Announcement] = []
         self._read_at = -math.inf
 
     def addrs(self, peer_id: str) -> tuple[str, ...]:
         """The multiaddrs `peer_id` announced last (empty if never seen)."""
         return self._addrs.get(peer_id, ())
+
+    def direct_addrs(self, peer_id: str) -> tuple[str, ...]:
+        """The direct-stream endpoints `peer_id` announced last (empty: none, or never seen)."""
+        return self._direct.get(peer_id, ())
 
     async def peers(self, skip_probe: frozenset[str], fresh: bool) -> list[PeerSpan]:
         """Announced spans of the model; unmeasured peers outside `skip_probe` are pinged first.
@@ -184,6 +193,7 @@ class DHTDirectory:
             self._read_at = time.monotonic()
         announced = self._announced
         self._addrs.update((a.peer_id, a.addrs) for a in announced)
+        self._direct.update((a.peer_id, a.direct_addrs) for a in announced)
         unmeasured = [
             a.peer_id for a in announced if a.peer_id not in self.rtt_ms and a.peer_id not in skip_probe
         ]
@@ -214,10 +224,11 @@ class DHTDirectory:
 
 
 class P2PLink:
-    """`HopLink` over one libp2p stream: frames encoded with swarm.wire, length-prefixed by swarm.p2p."""
+    """`HopLink` over one framed stream (libp2p, or direct TCP: swarm.direct), frames encoded with
+    swarm.wire and length-prefixed by swarm.p2p."""
 
-    def __init__(self, peer_id: str, stream: StreamSession):
-        self.peer_id, self._stream = peer_id, stream
+    def __init__(self, peer_id: str, stream: StreamSession, transport: str = "libp2p"):
+        self.peer_id, self._stream, self.transport = peer_id, stream, transport
 
     async def exchange(self, frame: Frame, timeout_s: float) -> tuple[Frame, int, int]:
         """Send one frame, read one reply (see `HopLink.exchange`)."""
@@ -250,13 +261,30 @@ class P2PLink:
 
 
 class P2PTransport:
-    """`HopTransport` over the client's libp2p daemon, dialling the addresses the directory saw."""
+    """`HopTransport`: a direct TCP stream where the peer offers one (swarm.direct), else a stream
+    through the client's libp2p daemon, dialling the addresses the directory saw.
 
-    def __init__(self, dht: SwarmDHT, directory: DHTDirectory):
-        self._dht, self._directory = dht, directory
+    Attributes:
+        direct: try direct streams at all (False: libp2p only, e.g. to compare the two).
+    """
+
+    def __init__(self, dht: SwarmDHT, directory: DHTDirectory, direct: bool = True):
+        self._dht, self._directory, self.direct = dht, directory, direct
+        # peer id -> the direct endpoints that did not answer it: libp2p until it announces others
+        self._direct_failed: dict[str, tuple[str, ...]] = {}
 
     async def connect(self, peer_id: str, timeout_s: float) -> P2PLink:
-        """Open a span stream to `peer_id`. Raises PeerUnreachable, or PeerTimeout past timeout_s."""
+        """Open a span stream to `peer_id`, direct when it can. Raises PeerUnreachable, or PeerTimeout
+        past timeout_s."""
+        endpoints = self._directory.direct_addrs(peer_id)
+        if self.direct and endpoints and self._direct_failed.get(peer_id) != endpoints:
+            try:
+                stream = await dial(self._dht.transport, peer_id, self._directory.addrs(peer_id),
+                                    endpoints, SPAN_PROTOCOL, timeout_s)
+                return P2PLink(peer_id, stream, "direct")
+            except PeerUnreachable as e:
+                logger.info("direct stream to %s failed, using libp2p from now on: %s", peer_id[:12], e)
+                self._direct_failed[peer_id] = endpoints
         try:
             async with asyncio.timeout(timeout_s):
                 stream = await self._dht.transport.open_stream(
@@ -281,6 +309,9 @@ class RemoteEngine:
         reuse_prefixes: offer the prompt's prefix hashes to every hop so that peers holding a
             snapshot of a shared prefix restore it instead of computing it (swarm/kv/prefix.py);
             only when prefill_chunk_tokens is a multiple of PREFIX_BLOCK_TOKENS (exactness).
+    Attributes:
+        directory: the peers' announcements and measured RTTs.
+        transport: opens the hops' streams; `transport.direct = False` keeps them on libp2p.
     """
 
     def __init__(
@@ -304,7 +335,7 @@ class RemoteEngine:
         self.context_limit = min(ctx, MAX_CONTEXT_TOKENS)
         self.directory = DHTDirectory(conn.dht, manifest.model_id, self.policy.probe_timeout_s)
         self.exclusions = Exclusions(self.policy.exclusion_s)
-        self._transport = P2PTransport(conn.dht, self.directory)
+        self.transport = P2PTransport(conn.dht, self.directory)
         self._rng = random.SystemRandom()
         self._sessions: set[RemoteSession] = set()
 
@@ -320,7 +351,7 @@ class RemoteEngine:
         route = RouteSession(
             spec,
             self.directory,
-            self._transport,
+            self.transport,
             self.exclusions,
             telemetry,
             self.policy,

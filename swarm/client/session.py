@@ -54,6 +54,8 @@ class HopLink(Protocol):
     """A sticky stream to one peer for one session."""
 
     peer_id: str
+    transport: str
+    """How the frames travel: "direct" (swarm.direct), "libp2p", or "sim"."""
 
     async def exchange(self, frame: Frame, timeout_s: float) -> tuple[Frame, int, int]:
         """Send `frame`, return the peer's reply with the bytes sent and received.
@@ -487,7 +489,8 @@ class RouteSession:
         except SwarmError as e:
             raise _HopFailed(span, e) from e
         self._links.add(link)
-        hop = _Hop(span, link, HopTelemetry(peer_id=h.peer_id, start=h.start, end=h.end), [])
+        telemetry = HopTelemetry(peer_id=h.peer_id, start=h.start, end=h.end, transport=link.transport)
+        hop = _Hop(span, link, telemetry, [])
         try:
             reply = await self._exchange(hop, frame, self.policy.open_timeout_s)
             if not isinstance(reply, OpenOk):

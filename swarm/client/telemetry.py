@@ -22,6 +22,8 @@ class HopTelemetry:
         steps: frames exchanged (prefill chunks + decode steps).
         reused_tokens: prompt tokens the hop restored from a prefix snapshot instead of computing.
         fetched_from: peer id the hop fetched that snapshot from during Open ("": its own, or none).
+        transport: how the hop's frames travelled: "direct" (a TCP stream, swarm.direct), "libp2p"
+            (through the p2pd daemons) or "sim".
     """
 
     peer_id: str
@@ -34,6 +36,7 @@ class HopTelemetry:
     steps: int = 0
     reused_tokens: int = 0
     fetched_from: str = ""
+    transport: str = ""
 
 
 @dataclass

@@ -20,6 +20,7 @@ import sys
 from typing import Optional, Sequence
 
 import hivemind
+import tenacity
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
@@ -47,6 +48,9 @@ from swarm.p2p import SwarmP2P
 TOMBSTONE_TTL_S = 10.0
 """A withdrawal record lives at least this long (seconds) and always past the announcement it replaces."""
 _EXPIRATION_STEP_S = 0.001
+STORE_ATTEMPTS = 4
+"""A store no DHT node accepted is tried this often in all, 0.5, 1 and 2 s apart: a node that has
+just (re)joined may not know any other node yet (seen as a restarted peer failing to start)."""
 """hivemind keeps the record with the later expiration, so each rewrite of a subkey must expire later."""
 
 
@@ -200,9 +204,18 @@ class SwarmDHT:
         key, subkey = announcements_key(model_id), ANNOUNCE_SUBKEY_TAG + self._owner_marker
         return await self._store_latest(key, subkey, wanted_expiration, make_value)
 
+    @tenacity.retry(
+        retry=tenacity.retry_if_exception_type(DHTError),
+        stop=tenacity.stop_after_attempt(STORE_ATTEMPTS),
+        wait=tenacity.wait_exponential(multiplier=0.5, max=2.0),
+        reraise=True,
+    )
     async def _store_latest(self, key: str, subkey: bytes, wanted_expiration: float, make_value) -> float:
         """Store `make_value(expires_at)` under (key, subkey), outliving every earlier record there,
-        a previous run's included (see `_store_own_span`). Returns the expiration stored."""
+        a previous run's included (see `_store_own_span`). Returns the expiration stored.
+
+        Raises:
+            DHTError: no DHT node accepted it in STORE_ATTEMPTS tries."""
         memo = (key, subkey)
         expires_at = max(wanted_expiration, self._last_expiration.get(memo, 0.0) + _EXPIRATION_STEP_S)
         try:

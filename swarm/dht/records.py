@@ -56,6 +56,8 @@ class Announcement:
         expires_at: DHT time (seconds, hivemind.get_dht_time) after which the record is void.
         started_at: Unix time this run of the peer started serving; a restart announces a new value,
             which tells clients that a peer they saw fail is back (0.0 in records of older peers).
+        direct_addrs: TCP multiaddrs of the peer's direct-stream listener (swarm.direct), at most
+            MAX_ADDRS; empty when it offers none (and in records of older peers).
     """
 
     peer_id: str
@@ -73,13 +75,17 @@ class Announcement:
     public_name: Optional[str]
     expires_at: float
     started_at: float = 0.0
+    direct_addrs: tuple[str, ...] = ()
+
+
+_Addr = constr(strict=True, min_length=1, max_length=MAX_ADDR_CHARS)
 
 
 class AnnouncementSchema(pydantic.BaseModel):
     """Strict pydantic schema of an encoded Announcement (no type coercion, bounded sizes)."""
 
     peer_id: constr(strict=True, regex=r"^[1-9A-HJ-NP-Za-km-z]{32,128}$")
-    addrs: conlist(constr(strict=True, min_length=1, max_length=MAX_ADDR_CHARS), max_items=MAX_ADDRS)
+    addrs: conlist(_Addr, max_items=MAX_ADDRS)
     model_id: constr(strict=True, regex=r"^[0-9a-f]{8,128}$")
     start: conint(strict=True, ge=0, lt=MAX_LAYER)
     end: conint(strict=True, gt=0, le=MAX_LAYER)
@@ -93,6 +99,7 @@ class AnnouncementSchema(pydantic.BaseModel):
     public_name: Optional[constr(strict=True, max_length=MAX_PUBLIC_NAME_CHARS)] = None
     expires_at: confloat(strict=True, ge=0.0, le=1e12)
     started_at: confloat(strict=True, ge=0.0, le=1e12) = 0.0
+    direct_addrs: conlist(_Addr, max_items=MAX_ADDRS) = []
 
     class Config:
         extra = pydantic.Extra.ignore
@@ -114,6 +121,7 @@ def encode_announcement(ann: Announcement) -> dict[str, Any]:
     """
     record = dataclasses.asdict(ann)
     record["addrs"] = list(ann.addrs)
+    record["direct_addrs"] = list(ann.direct_addrs)
     for name in ("decode_steps_per_s", "prefill_tokens_per_s", "expires_at", "started_at"):
         record[name] = float(record[name])
     if decode_announcement(record) is None:
@@ -134,4 +142,5 @@ def decode_announcement(record: Any) -> Optional[Announcement]:
         return None
     fields = parsed.dict()
     fields["addrs"] = tuple(fields["addrs"])
+    fields["direct_addrs"] = tuple(fields["direct_addrs"])
     return Announcement(**fields)

@@ -95,6 +95,7 @@ def _declare(so: ctypes.CDLL) -> None:
         "swarm_span_n_embd": (c_int32, [h]),
         "swarm_span_n_vocab": (c_int32, [h]),
         "swarm_span_n_ctx": (c_int32, [h]),
+        "swarm_span_n_ctx_seq": (c_int32, [h]),
         "swarm_span_execute": (c_int32, [h, POINTER(SpanStep)]),
         "swarm_span_execute_batch": (c_int32, [h, POINTER(SpanStep), c_int32]),
         "swarm_span_truncate": (c_int32, [h, c_int32, c_int32]),

@@ -1,9 +1,11 @@
 """Safe typed wrapper over libswarm_span: run layers [a, b) of a model for many sequences.
 
 One `SpanExecutor` owns one llama.cpp model + context loaded from a span file (see `slicing`).
-Every sequence (session) is a llama.cpp sequence id in one unified KV cache. Inputs are checked
-here (shapes, dtypes, finiteness, ids) and C status codes become `ExecutorError`; a refused call
-leaves every sequence as it was, and the executor keeps serving.
+Every sequence (session) is a llama.cpp sequence id with a KV stream of its own: the context's
+`n_ctx_tokens` cells are split evenly, `n_ctx_seq_tokens` per sequence, so a sequence's results do
+not depend on what the other sequences hold, and no sequence holds more than `n_ctx_seq_tokens`.
+Inputs are checked here (shapes, dtypes, finiteness, ids) and C status codes become
+`ExecutorError`; a refused call leaves every sequence as it was, and the executor keeps serving.
 
 Threading: ctypes releases the GIL during each C call, but one executor must be driven from one
 thread at a time (the peer runs one executor thread per span). Different executors may run on
@@ -32,7 +34,8 @@ class ExecutorConfig:
     """How to open a span.
 
     Attributes:
-        n_ctx_tokens: KV cells shared by all sequences (llama.cpp rounds up to a multiple of 256).
+        n_ctx_tokens: KV cells (tokens) in all; each sequence gets n_ctx_tokens / n_seq_max of them
+            (llama.cpp rounds; `SpanExecutor.n_ctx_seq_tokens` is the result).
         n_seq_max: sequences (sessions) the executor holds at once, 1..256; ids are 0..n_seq_max-1.
         n_threads: CPU threads for llama.cpp.
         is_last: the span ends at the model's last layer: forward returns logits.
@@ -40,10 +43,8 @@ class ExecutorConfig:
         capture_layer: block index inside the span file whose output is captured (n_layers_in_span-1).
         n_batch: max tokens per llama_decode; longer steps are split into chunks of this size.
         n_ubatch: llama.cpp physical batch, <= n_batch.
-        flash_attn: llama.cpp flash attention. On (default): masked KV cells of other sequences are
-            skipped, so a session's results do not depend on other sessions in the unified cache
-            (measured: off gives ~0.5 logit drift once sessions interleave). The whole-model
-            reference must use the same setting (llama-cpp-python: `Llama(flash_attn=True)`).
+        flash_attn: llama.cpp flash attention. On (default), as in every parity reference, which
+            must use the same setting (llama-cpp-python: `Llama(flash_attn=True)`).
     """
 
     n_ctx_tokens: int
@@ -106,6 +107,8 @@ class SpanExecutor:
         self._h: ctypes.c_void_p | None = handle
         self._n_embd = int(self._so.swarm_span_n_embd(handle))
         self._n_vocab = int(self._so.swarm_span_n_vocab(handle))
+        self._n_ctx_tokens = int(self._so.swarm_span_n_ctx(handle))
+        self._n_ctx_seq_tokens = int(self._so.swarm_span_n_ctx_seq(handle))
 
     @classmethod
     def for_span(cls, model_path: Path, start: int, end: int, *, n_ctx_tokens: int, n_seq_max: int,
@@ -158,6 +161,17 @@ class SpanExecutor:
         """Sequence ids are 0..n_seq_max-1."""
         return self._config.n_seq_max
 
+    @property
+    def n_ctx_tokens(self) -> int:
+        """KV cells (tokens) of all sequences together, after llama.cpp's rounding."""
+        return self._n_ctx_tokens
+
+    @property
+    def n_ctx_seq_tokens(self) -> int:
+        """KV cells (tokens) of one sequence's stream: the most positions one sequence can hold.
+        A step that would pass it fails with "KV cache full" and leaves the sequence as it was."""
+        return self._n_ctx_seq_tokens
+
     def forward(self, seq_id: int, pos0: int, hidden: np.ndarray, *, all_logits: bool = False) -> np.ndarray:
         """Run the span's layers on `n` new tokens of sequence `seq_id`.
 
@@ -180,10 +194,12 @@ class SpanExecutor:
         return out
 
     def forward_batch(self, steps: Sequence[BatchStep]) -> list[np.ndarray]:
-        """Run one step of each of several sequences in one llama_decode call (one ubatch).
+        """Run one step of each of several sequences together.
 
-        The weights are read once for every row of the batch, which is what makes batching decode
-        steps of many sessions cheaper than running them one after another.
+        The weights are read once per ubatch for all its rows, which is what makes batching decode
+        steps of many sessions cheaper than running them one after another. Steps run in seq-id
+        order; each run of consecutive seq ids with equal row counts is one ubatch (llama.cpp
+        batches only consecutive per-sequence KV streams together).
 
         Args:
             steps: 1..n_seq_max steps of distinct sequences; their rows together at most n_batch.

@@ -7,7 +7,11 @@ executor by the caller before that seq id serves another session.
 
 Accounting: each session reserves `reserved_tokens` of the span's `cache_tokens` when admitted
 (the client's declared session length), and holds one of `max_sessions` seq ids (0-based,
-lowest free first). A forward step may only continue exactly where the session stands.
+lowest free first). The executor gives every seq id a KV stream of its own of
+`session_cap_tokens` cells (cache_tokens / max_sessions), so no session may reserve more than that
+however much of the cache is free; `free_cache_tokens`, which the peer announces and route
+planning compares with a session's length, is what a NEW session could reserve now. A forward step
+may only continue exactly where the session stands.
 
 This module does not: touch llama.cpp, read a clock (every call takes `now_s`), or do I/O.
 """
@@ -69,7 +73,11 @@ class SessionTable:
         max_sessions: seq-id slots (llama.cpp n_seq_max), >= 1.
         cache_tokens: KV tokens the span's cache holds in all (n_ctx), >= 1.
         idle_timeout_s: a session unused for longer than this is evicted, > 0 seconds.
-        max_session_tokens: most tokens one session may reserve, 1..MAX_CONTEXT_TOKENS.
+        max_session_tokens: most tokens one session may reserve, 1..MAX_CONTEXT_TOKENS; a request
+            above it is malformed (RequestError).
+        session_cap_tokens: KV tokens one session's stream holds (`SpanExecutor.n_ctx_seq_tokens`),
+            >= 1, or None for no cap but cache_tokens (a cache all sessions share); a request above
+            it does not fit this peer (Busy), though another peer may hold it.
     Raises:
         RequestError: an argument is out of range.
     """
@@ -80,6 +88,7 @@ class SessionTable:
         cache_tokens: int,
         idle_timeout_s: float,
         max_session_tokens: int = MAX_CONTEXT_TOKENS,
+        session_cap_tokens: int | None = None,
     ):
         self.max_sessions = _check_int("max_sessions", max_sessions, 1, 1 << 16)
         self.cache_tokens = _check_int("cache_tokens", cache_tokens, 1, 1 << 40)
@@ -87,6 +96,11 @@ class SessionTable:
             raise RequestError(f"idle_timeout_s must be a positive finite number, got {idle_timeout_s!r}")
         self.idle_timeout_s = float(idle_timeout_s)
         self.max_session_tokens = _check_int("max_session_tokens", max_session_tokens, 1, MAX_CONTEXT_TOKENS)
+        cap = self.cache_tokens if session_cap_tokens is None else session_cap_tokens
+        self.session_cap_tokens = _check_int("session_cap_tokens", cap, 1, 1 << 40)
+        self._cap_origin = (
+            "" if session_cap_tokens is None else f" ({cache_tokens} cache tokens / {max_sessions} sessions)"
+        )
         self._slots: dict[bytes, SessionSlot] = {}
         self._free_seq_ids = set(range(max_sessions))
         self._reserved = 0
@@ -96,7 +110,15 @@ class SessionTable:
 
     @property
     def free_cache_tokens(self) -> int:
-        """KV tokens not reserved by any session."""
+        """KV tokens a new session could reserve now: min(session_cap_tokens, unreserved tokens)
+        while a seq-id slot is free, else 0 (idle sessions that `admit` would evict not counted)."""
+        if not self._free_seq_ids:
+            return 0
+        return min(self.session_cap_tokens, self.unreserved_tokens)
+
+    @property
+    def unreserved_tokens(self) -> int:
+        """KV tokens of cache_tokens not reserved by any session."""
         return self.cache_tokens - self._reserved
 
     @property
@@ -115,8 +137,10 @@ class SessionTable:
         Returns:
             Admission: the slot (pos 0) and the seq ids evicted on the way.
         Raises:
-            RequestError: bad arguments, session id already open, or reserved_tokens above the cap.
-            Busy: no free seq id, or reserved_tokens above free_cache_tokens (after eviction).
+            RequestError: bad arguments, session id already open, or reserved_tokens above
+                max_session_tokens.
+            Busy: reserved_tokens above session_cap_tokens (the message names both numbers), no
+                free seq id, or reserved_tokens above the unreserved tokens (after eviction).
         """
         if not isinstance(session_id, bytes) or not session_id:
             raise RequestError("session id must be non-empty bytes")
@@ -125,11 +149,16 @@ class SessionTable:
         _check_int("reserved_tokens", reserved_tokens, 1, self.max_session_tokens)
         if session_id in self._slots:
             raise RequestError("session already open")
+        if reserved_tokens > self.session_cap_tokens:
+            raise Busy(
+                f"session needs {reserved_tokens} KV tokens, but a session here holds at most "
+                f"{self.session_cap_tokens}{self._cap_origin}"
+            )
         evicted = tuple(self.evict_idle(now_s))
         if not self._free_seq_ids:
             raise Busy(f"all {self.max_sessions} session slots are in use")
-        if reserved_tokens > self.free_cache_tokens:
-            raise Busy(f"session needs {reserved_tokens} KV tokens, {self.free_cache_tokens} are free")
+        if reserved_tokens > self.unreserved_tokens:
+            raise Busy(f"session needs {reserved_tokens} KV tokens, {self.unreserved_tokens} are free")
         seq_id = min(self._free_seq_ids)
         self._free_seq_ids.remove(seq_id)
         self._reserved += reserved_tokens

@@ -4,8 +4,10 @@ A snapshot holds one span's KV cache for the first `n_tokens` tokens of a prompt
 sequence state bytes (`SpanExecutor.export_seq`). It is named by `SnapshotKey`: (model_id, span
 start and end, `h(n_tokens)` of swarm/kv/prefix.py) and can only be used by an executor of the
 same `SnapshotFormat`: swarm's payload version, llama.cpp's build and sequence-state version, the
-KV dtype, flash attention and the prefill ubatch (the batch grid decides the exact numbers; see
-swarm/kv/prefix.py). Any mismatch is refused with its reason (`SnapshotRejected`).
+KV dtype, flash attention, the prefill ubatch (the batch grid decides the exact numbers; see
+swarm/kv/prefix.py) and the executor's KV stream count (llama.cpp's sequence state lists every
+stream, so it imports only where the count is the same: peers with the same --max-sessions). Any
+mismatch is refused with its reason (`SnapshotRejected`).
 
 It also indexes `blocks`: (k·B, h(k·B)) for the block boundaries of the prompt, so a snapshot of a
 1,000-token prompt serves every shared block prefix (import, then truncate to k·B).
@@ -20,12 +22,11 @@ swarm/dht/identity.py) covers magic + header, so the KV bytes are bound through 
 snapshot relayed later stays verifiable. The receiver also checks that the key is the holder's
 peer id (libp2p authenticates the stream's remote peer id).
 
-Exactness caveat (measured, Qwen 0.5B span [0, 8), 64-row ubatches): the same sequence computed in
-KV cells shifted by another sequence's cells differs by up to 0.08 in hidden states (0.5 in
-logits) from one computed from cell 0, restored or not; at the same cells a restore is bit-exact.
-So a restored session equals a full prefill exactly when both would land in the same cells (an
-otherwise idle span does); with other sessions resident the difference is the one llama.cpp
-already has between co-resident sessions.
+Exactness (measured, Qwen 0.5B span [0, 8), 64-row ubatches): a restore is bit-exact when the
+restored cells sit where a full prefill would put them; in a KV cache shared by all sequences,
+cells shifted by another sequence's differed by up to 0.08 in hidden states (0.5 in logits). Each
+sequence now has a KV stream of its own and its cells start at cell 0 of it, restored or not, so a
+restored session equals a full prefill whatever other sessions the peer holds.
 
 This module is pure: no I/O.
 """
@@ -66,6 +67,7 @@ class SnapshotFormat:
         kv_dtype: KV cache element type ("f16").
         flash_attn: flash attention on the writer's executor.
         ubatch_tokens: the writer's prefill ubatch (the exactness grid).
+        kv_streams: KV streams of the writer's context (one per sequence: its n_seq_max).
     """
 
     version: int
@@ -74,6 +76,7 @@ class SnapshotFormat:
     kv_dtype: str
     flash_attn: bool
     ubatch_tokens: int
+    kv_streams: int = 1
 
     def to_dict(self) -> dict:
         return {
@@ -83,11 +86,12 @@ class SnapshotFormat:
             "kv_dtype": self.kv_dtype,
             "flash_attn": self.flash_attn,
             "ubatch_tokens": self.ubatch_tokens,
+            "kv_streams": self.kv_streams,
         }
 
 
-def local_format(flash_attn: bool, ubatch_tokens: int) -> SnapshotFormat:
-    """The format this process's llama.cpp writes."""
+def local_format(flash_attn: bool, ubatch_tokens: int, kv_streams: int = 1) -> SnapshotFormat:
+    """The format this process's llama.cpp writes, for an executor of `kv_streams` sequences."""
     import llama_cpp
 
     return SnapshotFormat(
@@ -97,6 +101,7 @@ def local_format(flash_attn: bool, ubatch_tokens: int) -> SnapshotFormat:
         "f16",
         bool(flash_attn),
         int(ubatch_tokens),
+        int(kv_streams),
     )
 
 

@@ -40,12 +40,15 @@ class Announcer:
         throughput: measured at start.
         period_s: refresh period, seconds.
         public_name: optional display name.
+        direct_addrs: TCP multiaddrs of the peer's direct-stream listener (swarm.direct), if any.
     """
 
-    def __init__(self, dht: SwarmDHT, rt, throughput: Throughput, period_s: float, public_name: str | None):
+    def __init__(self, dht: SwarmDHT, rt, throughput: Throughput, period_s: float, public_name: str | None,
+                 direct_addrs: tuple[str, ...] = ()):
         self._dht, self._rt, self._tp = dht, rt, throughput
         self._period_s = period_s
         self._public_name = public_name
+        self._direct_addrs = direct_addrs[:MAX_ADDRS]
         self._started_at = time.time()
 
     def record(self) -> Announcement:
@@ -67,6 +70,7 @@ class Announcer:
             public_name=self._public_name,
             expires_at=0.0,
             started_at=self._started_at,
+            direct_addrs=self._direct_addrs,
         )
 
     @property

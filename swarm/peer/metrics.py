@@ -126,7 +126,7 @@ class _SpanCollector:
             ("swarm_peer_max_sessions", "Session slots", s.max_sessions),
             (
                 "swarm_peer_free_cache_tokens",
-                "KV-cache tokens not reserved by a session",
+                "KV-cache tokens a new session can reserve",
                 s.free_cache_tokens,
             ),
             ("swarm_peer_cache_tokens", "KV-cache tokens in all", s.cache_tokens),

@@ -15,9 +15,12 @@ units alternate between a batch and one other unit, so a client's prefill delays
 decode step by at most about one chunk's compute, and steady decoding cannot starve a prefill.
 
 Where a unit runs follows its measured cost (`CostModel`): on the event loop thread when it is
-expected to take under `inline_max_ms` and the executor is single-threaded (a thread hand-off costs
-~0.26 ms per hop), else on the span's one executor thread, so a large span never blocks pings or
-other streams. Unmeasured work runs on the executor thread.
+expected to take under `inline_max_ms` and the executor is single-threaded, else on the span's one
+executor thread, so a large span never blocks pings or other streams for longer than that. The
+hand-off to the thread and back costs ~0.4 ms per hop on the project's machine kind (two thread
+wake-ups; SmolLM2 in 3 spans of ~6 ms each: 1.48 -> 1.11 ms overhead per hop when run inline,
+docs/benchmarks.md), a tax of 4% or more on any step under 10 ms. Unmeasured work runs on the
+executor thread.
 
 Exactness: a session's outputs in a batch equal its solo outputs only while llama.cpp's kernels do
 not depend on the batch's row count. ggml-cpu's repacked quantized matmuls (Q4_K on x86, for one)
@@ -44,8 +47,9 @@ import numpy as np
 from swarm.errors import ExecutorError
 from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
 
-INLINE_MAX_MS = 2.0
-"""Units expected to compute in less than this many ms run on the event loop thread."""
+INLINE_MAX_MS = 10.0
+"""Units expected to compute in less than this many ms run on the event loop thread: the longest a
+ping or another stream's frame waits for one unit."""
 EWMA_WEIGHT = 0.2
 """Weight of the newest measurement in a unit kind's moving average of compute time."""
 

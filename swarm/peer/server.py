@@ -39,12 +39,13 @@ from swarm.kv.snapshot_store import SnapshotStore
 from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model
+from swarm.direct import DirectServer, direct_maddrs
 from swarm.netaddr import NetConfig, bt_hosts, check_net_config
 from swarm.peer.announce import Announcer, Throughput
 from swarm.kv.budget import SpanBudget, span_budget
 from swarm.peer.handler import SPAN_PROTOCOL, SpanRuntime, handle_stream
 from swarm.peer.metrics import PeerMetrics
-from swarm.peer.scheduler import exact_batch_cap
+from swarm.peer.scheduler import INLINE_MAX_MS, CostModel, exact_batch_cap
 from swarm.peer.rebalance import Rebalancer
 from swarm.peer.snapshots import SNAPSHOT_PROTOCOL, PrefixService
 from swarm.route.placement import choose_span
@@ -75,7 +76,8 @@ class ServeConfig:
             IP that forwards `port` and `bt_port` here; needs a fixed `port`.
         data_dir: peer identity directory (None: $SWARM_HOME or the XDG data dir).
         max_sessions: concurrent sessions (llama.cpp sequences).
-        cache_tokens: KV-cache tokens shared by all sessions.
+        cache_tokens: KV-cache tokens in all; each session's own KV stream holds cache_tokens /
+            max_sessions of them (llama.cpp rounds up to a multiple of 256), its longest length.
         n_threads: llama.cpp compute threads.
         memory_bytes: bytes for the span's weights and KV cache, which size the span when `layers`
             is None (`swarm.kv.budget.SpanBudget`).
@@ -88,6 +90,10 @@ class ServeConfig:
             live in <data dir>/snapshots/.
         debug_tamper_snapshots: test hook: damage served snapshots this way (swarm.peer.snapshots.TAMPERS).
         metrics_port: serve Prometheus metrics on host:metrics_port (`swarm.peer.metrics`); None: don't.
+        direct_port: TCP port on `host` for direct span streams from clients (`swarm.direct`; 0: any
+            free port); None: offer none (clients then use libp2p streams).
+        inline_max_ms: units of executor work measured under this many ms run on the event loop
+            thread (`swarm.peer.scheduler.INLINE_MAX_MS`); benchmarks vary it.
     """
 
     model: str
@@ -110,6 +116,8 @@ class ServeConfig:
     bt_port: int = 0
     public_address: str | None = None
     metrics_port: int | None = None
+    direct_port: int | None = 0
+    inline_max_ms: float = INLINE_MAX_MS
 
 
 def check_config(cfg: ServeConfig) -> NetConfig:
@@ -127,6 +135,7 @@ def check_config(cfg: ServeConfig) -> NetConfig:
         ("threads", cfg.n_threads, 1, 1024),
         ("memory_bytes", cfg.memory_bytes, 0, 1 << 60),
         ("max_layers", 1 if cfg.max_layers is None else cfg.max_layers, 1, MAX_LAYERS),
+        ("direct_port", 0 if cfg.direct_port is None else cfg.direct_port, 0, 65535),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
             raise SwarmError(f"{name} must be an integer in [{lo}, {hi}], got {value!r:.40}")
@@ -186,6 +195,7 @@ async def serve(
     except BaseException:
         artifacts.close()
         raise
+    direct: DirectServer | None = None
     try:
         artifacts.advertise(bt_hosts(net, dht.visible_maddrs()))
         for maddr in dht.visible_maddrs():
@@ -197,10 +207,12 @@ async def serve(
             start=start,
             end=end,
             executor=executor,
-            sessions=SessionTable(cfg.max_sessions, cfg.cache_tokens, idle_timeout_s=600.0),
+            sessions=SessionTable(cfg.max_sessions, executor.n_ctx_tokens, idle_timeout_s=600.0,
+                                  session_cap_tokens=executor.n_ctx_seq_tokens),
         )
         if cfg.prefix_cache_bytes > 0:
             rt.prefixes = _prefix_service(cfg, dht, manifest, start, end)
+        rt.scheduler.inline_max_ms = cfg.inline_max_ms
         rt.scheduler.max_batch_rows = await rt.run(exact_batch_cap, executor)
         throughput = await rt.run(measure_throughput, executor, n_tokens=64)
         logger.info(
@@ -216,11 +228,16 @@ async def serve(
             metrics.serve(net.host, cfg.metrics_port)
             span_handler = metrics.wrap(span_handler)
         await dht.transport.serve(SPAN_PROTOCOL, span_handler)
+        direct_addrs: tuple[str, ...] = ()
+        if cfg.direct_port is not None:
+            direct = DirectServer(dht.transport, {SPAN_PROTOCOL: span_handler})
+            port = await direct.start(net.host, cfg.direct_port)
+            direct_addrs = direct_maddrs(bt_hosts(net, dht.visible_maddrs()), port)
         if rt.prefixes is not None:
             await dht.transport.serve(
                 SNAPSHOT_PROTOCOL, partial(_serve_snapshot, rt, cfg.debug_tamper_snapshots)
             )
-        announcer = Announcer(dht, rt, throughput, cfg.announce_period_s, cfg.public_name)
+        announcer = Announcer(dht, rt, throughput, cfg.announce_period_s, cfg.public_name, direct_addrs)
         if metrics is not None:
             metrics.announcer = announcer
         await announcer.announce_once()
@@ -245,6 +262,8 @@ async def serve(
             await asyncio.gather(*tasks, return_exceptions=True)
         await _shutdown(rt, announcer)
     finally:
+        if direct is not None:
+            await direct.close()
         await asyncio.to_thread(artifacts.close)
         try:
             await asyncio.wait_for(dht.shutdown(), SHUTDOWN_STEP_S)
@@ -285,7 +304,7 @@ def _prefix_service(
         for stale in disk_dir.glob("*.kv"):  # the disk tier is a cache of one run
             stale.unlink(missing_ok=True)
     store = SnapshotStore(cfg.prefix_cache_bytes, disk_dir, cfg.prefix_disk_bytes)
-    fmt = local_format(flash_attn=True, ubatch_tokens=PREFIX_BLOCK_TOKENS)
+    fmt = local_format(flash_attn=True, ubatch_tokens=PREFIX_BLOCK_TOKENS, kv_streams=cfg.max_sessions)
     return PrefixService(
         store,
         fmt,
@@ -451,6 +470,7 @@ class _Mover:
                 self.rt.executor = await _load(self.cfg, path, self.manifest, *old)
                 raise
             self.rt.executor, self.rt.start, self.rt.end = executor, start, end
+            self.rt.scheduler.cost = CostModel()  # the old span's unit costs say nothing of the new one
             if self.rt.prefixes is not None:
                 self.rt.prefixes.move(start, end)
         self.rt.scheduler.max_batch_rows = await self.rt.run(exact_batch_cap, executor)

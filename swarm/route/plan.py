@@ -42,7 +42,8 @@ class PeerSpan:
         start, end: global layers served, half-open.
         decode_steps_per_s: one-token steps per second through the whole span.
         prefill_tokens_per_s: prompt tokens per second through the whole span.
-        free_cache_tokens: KV tokens the peer can still reserve.
+        free_cache_tokens: KV tokens a new session can reserve at the peer now (at most its
+            per-session cap, cache tokens / sessions).
         sessions_free: session slots the peer can still open.
         rtt_ms: measured client ↔ peer round trip, ms; None when unknown.
         incarnation: when this run of the peer started serving (its announcement's `started_at`,
@@ -158,11 +159,14 @@ def plan_route(
     if need_tokens < 0 or prefill_tokens < 0 or not 0 <= default_rtt_ms < math.inf:
         raise RequestError("need_tokens, prefill_tokens and default_rtt_ms must be >= 0")
     skipped: list[tuple[str, str]] = []
+    most_free = 0  # the most KV tokens a peer skipped for cache_full offers a new session
     by_start: dict[int, list[PeerSpan]] = {}
     for p in peers:
         reason = _skip_reason(p, n_layers, need_tokens, exclude)
         if reason is not None:
             skipped.append((p.peer_id, reason))
+            if reason == "cache_full":
+                most_free = max(most_free, p.free_cache_tokens)
         elif start <= p.start and p.end <= end:
             by_start.setdefault(p.start, []).append(p)
 
@@ -194,7 +198,9 @@ def plan_route(
     }
     why = (
         f"(skipped: {counts['excluded']} excluded, {counts['no_session_slot']} without a session slot, "
-        f"{counts['cache_full']} without {need_tokens} free KV tokens)"
+        f"{counts['cache_full']} without {need_tokens} free KV tokens"
+        + (f": the most any of them offers a new session is {most_free}" if counts["cache_full"] else "")
+        + ")"
     )
     if missing:
         raise NoRoute(f"no usable peer serves layers {layer_ranges(missing)} {why}", missing=tuple(missing))

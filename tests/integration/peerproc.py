@@ -70,6 +70,9 @@ def oracle(path, prompt: str, n: int) -> str:
 
 
 def serve_args(path, layers: str, *extra: str) -> tuple[str, ...]:
+    # Each session's own KV stream holds cache-tokens / max-sessions cells: 32,768 gives every one
+    # of the 8 default sessions 4,096, the most one session could use of the 4,096 shared cells
+    # these tests had before the per-session streams.
     return (
         "serve",
         "--model",
@@ -79,7 +82,7 @@ def serve_args(path, layers: str, *extra: str) -> tuple[str, ...]:
         "--threads",
         "1",
         "--cache-tokens",
-        "4096",
+        "32768",
         *extra,
     )
 

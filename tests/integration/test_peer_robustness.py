@@ -21,14 +21,16 @@ from swarm import Client
 from swarm.manifest import build_manifest
 from swarm.p2p import MAX_FRAME_BYTES
 from swarm.peer.handler import MAX_FORWARD_TOKENS
-from swarm.wire import PROTOCOL_GENERATION, Error, ErrorCode, Forward, Hidden, Token, encode_frame
+from swarm.wire import PROTOCOL_GENERATION, Close, Error, ErrorCode, Forward, Hidden, Token, encode_frame
 
 from peerproc import PeerSet, RawClient, oracle, serve_args
 
 PROMPT = "The three most important inventions of the twentieth century are"
 N_EMBD = 576
 GEN = bytes([PROTOCOL_GENERATION])  # the generation byte every frame starts with
-CACHE_TOKENS = 4096
+CACHE_TOKENS = 12288
+MAX_SESSIONS = 4
+SESSION_TOKENS = CACHE_TOKENS // MAX_SESSIONS  # each session's own KV stream: 3,072 >= a full frame
 REPLY_S = 30.0
 
 
@@ -53,7 +55,8 @@ def expect_error(reply, code: ErrorCode, *words: str) -> None:
 @pytest.fixture(scope="module")
 def peer(smollm2_path, tmp_path_factory):
     ps = PeerSet(tmp_path_factory.mktemp("robust_peer"))
-    p = ps.start("p0", *serve_args(smollm2_path, "0:30", "--new-swarm", "--max-sessions", "4"))
+    sizes = ("--max-sessions", str(MAX_SESSIONS), "--cache-tokens", str(CACHE_TOKENS))
+    p = ps.start("p0", *serve_args(smollm2_path, "0:30", "--new-swarm", *sizes))
     yield p
     ps.stop_all()
     assert p.proc.returncode == 0, p.stderr_text()[-2000:]
@@ -133,14 +136,20 @@ def test_open_for_another_client_is_forbidden(raw, peer):
     raw.assert_closed(s)
 
 
-def test_open_larger_than_the_cache_is_busy(raw):
+def test_open_longer_than_a_session_stream_is_busy(raw):
+    # The cache is free, but one session's KV stream holds cache-tokens / max-sessions: a longer
+    # session is refused (Busy: the client routes around this peer), naming both numbers.
     s = raw.stream()
     expect_error(
-        raw.ask(s, raw.open_frame(max_tokens=CACHE_TOKENS + 1)),
+        raw.ask(s, raw.open_frame(max_tokens=SESSION_TOKENS + 1)),
         ErrorCode.BUSY,
-        f"{CACHE_TOKENS + 1} KV tokens",
-        f"{CACHE_TOKENS} are free",
+        f"{SESSION_TOKENS + 1} KV tokens",
+        f"at most {SESSION_TOKENS}",
+        f"{CACHE_TOKENS} cache tokens / {MAX_SESSIONS} sessions",
     )
+    raw.assert_closed(s)
+    s = raw.open_session(max_tokens=SESSION_TOKENS)  # exactly one stream: admitted
+    raw.send(s, encode_frame(Close()))
     raw.assert_closed(s)
 
 

@@ -25,6 +25,9 @@ QUESTIONS = (
     "Question: name three prime numbers.\nAnswer:",
 )
 N_NEW = 8
+# A snapshot imports only into an executor with as many KV streams (sessions) as its writer's, so
+# the peer that fetches from m1 serves as many sessions as m1 (else it refuses the format).
+SAME_STREAMS_AS_M1 = ("--max-sessions", "1")
 
 
 def _serve(path, layers, first, *extra):
@@ -62,7 +65,7 @@ def test_shared_prefix_is_restored_fetched_and_exact(qwen_path, tmp_path):
             # which fetches the prefix from m1 instead of computing it.
             held = client.stream("Hello", max_new_tokens=64)
             next(iter(held))
-            ps.start("m2", *_serve(qwen_path, "8:16", first))
+            ps.start("m2", *_serve(qwen_path, "8:16", first, *SAME_STREAMS_AS_M1))
             g3 = wait_for(
                 lambda: _through_other_than(client, prompts[1], m1.peer_id), what="a route through m2"
             )
@@ -89,7 +92,7 @@ def test_tampered_snapshot_is_rejected_and_the_answer_is_still_right(qwen_path, 
             client.generate(prompts[0], max_new_tokens=2)
             held = client.stream("Hello", max_new_tokens=64)
             next(iter(held))
-            m2 = ps.start("m2", *_serve(qwen_path, "8:16", first))
+            m2 = ps.start("m2", *_serve(qwen_path, "8:16", first, *SAME_STREAMS_AS_M1))
             g = wait_for(
                 lambda: _through_other_than(client, prompts[1], bad.peer_id), what="a route through m2"
             )

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from swarm import Client
+from swarm.client.remote import DHTDirectory
 
 from peerproc import PeerSet, oracle, serve_args
 
@@ -35,6 +36,7 @@ def test_three_span_route_matches_llama_cpp(smol_swarm, smollm2_path):
     route = got.telemetry.route
     assert [(h.start, h.end) for h in route] == [(0, 10), (10, 20), (20, 30)]
     assert [h.peer_id for h in route] == [p.peer_id for p in smol_swarm.started]
+    assert [h.transport for h in route] == ["direct"] * 3  # every peer offers a direct stream
     n_prompt = got.telemetry.prompt_tokens
     for hop in route:
         assert hop.steps == 1 + 1 + 31  # open, one prefill chunk, then one step per decoded token
@@ -42,6 +44,36 @@ def test_three_span_route_matches_llama_cpp(smol_swarm, smollm2_path):
     # Only hidden states cross the hops: a decode step sends [1, 576] float32 to every hop.
     assert route[0].bytes_sent >= 4 * 576 * (n_prompt + 31)
     assert route[-1].bytes_received < 200 * 32  # the last hop returns token ids, not logits or hidden states
+
+
+def test_direct_streams_fall_back_to_libp2p_with_the_same_answer(smol_swarm, smollm2_path, monkeypatch):
+    """A client that does not use direct streams, and one whose direct dial to the middle peer fails
+    (its announced endpoint refuses connections), get llama.cpp's answer over libp2p."""
+    expected = oracle(smollm2_path, PROMPT, 16)
+    middle = smol_swarm.started[1].peer_id
+    announced = DHTDirectory.direct_addrs
+    monkeypatch.setattr(
+        DHTDirectory,
+        "direct_addrs",
+        lambda self, peer_id: ("/ip4/127.0.0.1/tcp/1",) if peer_id == middle else announced(self, peer_id),
+    )
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs) as client:
+        fell_back = client.generate(PROMPT, max_new_tokens=16)
+        again = client.generate(PROMPT, max_new_tokens=16)  # remembered: no second dial
+        client._engine.transport.direct = False  # noqa: SLF001 - the engine's documented switch
+        libp2p_only = client.generate(PROMPT, max_new_tokens=16)
+    assert fell_back.text == again.text == libp2p_only.text == expected
+    assert [h.transport for h in fell_back.telemetry.route] == ["direct", "libp2p", "direct"]
+    assert [h.transport for h in again.telemetry.route] == ["direct", "libp2p", "direct"]
+    assert [h.transport for h in libp2p_only.telemetry.route] == ["libp2p"] * 3
+
+
+def test_a_peer_without_direct_streams_is_reached_over_libp2p(smollm2_path, peers):
+    first = peers.start("solo", *serve_args(smollm2_path, "0:30", "--new-swarm", "--no-direct"))
+    with Client(str(smollm2_path), initial_peers=first.maddrs) as client:
+        got = client.generate(PROMPT, max_new_tokens=8)
+    assert got.text == oracle(smollm2_path, PROMPT, 8)
+    assert [h.transport for h in got.telemetry.route] == ["libp2p"]
 
 
 def test_two_clients_at_once_get_their_own_answers(smol_swarm, smollm2_path):

@@ -198,8 +198,9 @@ def test_a_prefill_failing_in_a_later_chunk_is_rolled_back_whole(smol, span_cach
     ex = SpanExecutor.for_span(smol, 0, 15, n_ctx_tokens=256, n_seq_max=2, n_threads=N_THREADS,
                                cache_dir=span_cache, n_batch=BLOCK)
     try:
-        ex.forward(1, 0, embedder.embed([5, 6, 7]))
-        rows = embedder.embed(list(range(100, 100 + 4 * BLOCK)))  # 3 + 256 rows > the 256 cells
+        ex.forward(1, 0, embedder.embed([5, 6, 7]))  # another session, in a KV stream of its own
+        assert ex.n_ctx_seq_tokens == 4 * BLOCK  # one sequence's stream: 256 cells (llama.cpp's least)
+        rows = embedder.embed(list(range(100, 100 + 4 * BLOCK + 3)))  # 256 + 3 rows > the 256 cells
 
         async def main():
             with ThreadPoolExecutor(1) as pool:
@@ -209,7 +210,7 @@ def test_a_prefill_failing_in_a_later_chunk_is_rolled_back_whole(smol, span_cach
                 return [k for k, _, _ in sch.units]
 
         kinds = asyncio.run(main())
-        assert kinds == ["chunk"] * 4  # three chunks went in before the fourth found no cells
+        assert kinds == ["chunk"] * 5  # four chunks went in before the fifth found no cells
         assert [ex.pos_max(0), ex.pos_max(1)] == [-1, 2]  # the step is gone whole; the other stays
         assert ex.forward(0, 0, rows[:BLOCK]).shape == (BLOCK, ex.n_embd)  # and the cells are free
     finally:

@@ -21,7 +21,8 @@ def test_admit_reserves_tokens_and_lowest_seq_id():
     b = t.admit(B, "bob", 200, now_s=1.0)
     assert (a.slot.seq_id, b.slot.seq_id) == (0, 1)
     assert a.evicted_seq_ids == () and a.slot.pos == 0
-    assert t.free_cache_tokens == 500 and t.sessions_free == 0 and len(t) == 2
+    assert t.unreserved_tokens == 500 and t.sessions_free == 0 and len(t) == 2
+    assert t.free_cache_tokens == 0  # no slot left: a new session can reserve nothing here
 
 
 def test_busy_when_no_seq_slot():
@@ -47,7 +48,7 @@ def test_admit_evicts_idle_sessions_first_and_reports_them():
     adm = t.admit(C, "carol", 500, now_s=61.0)  # A idle 61 s > 60, B idle 31 s
     assert adm.evicted_seq_ids == (0,)
     assert adm.slot.seq_id == 0
-    assert t.free_cache_tokens == 400
+    assert t.unreserved_tokens == 400
     with pytest.raises(RequestError, match="unknown session"):
         t.get(A, "alice")
 
@@ -136,3 +137,54 @@ def test_evict_idle_boundary_and_activity_keeps_alive():
 def test_bad_table_arguments(kw):
     with pytest.raises(RequestError):
         _table(**kw)
+
+
+def test_session_cap_refuses_a_longer_session_with_both_numbers():
+    t = _table(max_sessions=4, cache_tokens=1000, session_cap_tokens=250)
+    with pytest.raises(Busy, match=r"needs 251 KV tokens, but a session here holds at most 250 "
+                                   r"\(1000 cache tokens / 4 sessions\)"):
+        t.admit(A, "alice", 251, 0.0)
+    assert len(t) == 0 and t.unreserved_tokens == 1000  # nothing was taken
+    assert t.admit(A, "alice", 250, 0.0).slot.reserved_tokens == 250
+
+
+def test_session_cap_is_checked_before_evicting_idle_sessions():
+    t = _table(max_sessions=1, cache_tokens=500, session_cap_tokens=500, idle_timeout_s=10.0)
+    t.admit(A, "alice", 100, 0.0)
+    with pytest.raises(Busy, match="at most 500"):
+        t.admit(B, "bob", 501, now_s=100.0)  # A is idle, but B could never fit: A stays
+    assert t.get(A, "alice").seq_id == 0
+
+
+def test_free_cache_tokens_is_what_a_new_session_can_reserve():
+    t = _table(max_sessions=4, cache_tokens=1000, session_cap_tokens=250)
+    assert t.free_cache_tokens == 250  # an empty peer: the cap, not the 1000 free cells
+    t.admit(A, "alice", 250, 0.0)
+    t.admit(B, "bob", 250, 0.0)
+    t.admit(C, "carol", 100, 0.0)
+    assert (t.unreserved_tokens, t.free_cache_tokens) == (400, 250)
+    t.admit(b"d" * 16, "dave", 1, 0.0)
+    assert t.sessions_free == 0 and t.unreserved_tokens == 399
+    assert t.free_cache_tokens == 0  # no slot: nothing, however many cells are unreserved
+    t.release(C)
+    assert t.free_cache_tokens == 250
+
+
+def test_free_cache_tokens_below_the_cap_when_the_cache_runs_low():
+    # a cap above cache_tokens / max_sessions (a shared cache): the unreserved tokens bind first
+    t = _table(max_sessions=3, cache_tokens=1000, session_cap_tokens=600)
+    t.admit(A, "alice", 600, 0.0)
+    assert t.free_cache_tokens == 400
+    with pytest.raises(Busy, match="401 KV tokens, 400 are free"):
+        t.admit(B, "bob", 401, 0.0)
+
+
+def test_without_a_session_cap_one_session_may_take_the_whole_cache():
+    t = _table()
+    assert t.session_cap_tokens == 1000 and t.free_cache_tokens == 1000
+    assert t.admit(A, "alice", 1000, 0.0).slot.reserved_tokens == 1000
+
+
+def test_bad_session_cap():
+    with pytest.raises(RequestError, match="session_cap_tokens"):
+        _table(session_cap_tokens=0)

@@ -73,6 +73,16 @@ def test_capacity_skips():
     assert plan.hops[1].reason == "only_candidate"
 
 
+def test_no_route_for_a_session_longer_than_every_peer_offers_names_the_cap():
+    # peers announce what a NEW session can reserve (their per-session cap), so a longer session
+    # finds no route, and the message says how long a session may be
+    peers = [span("a", 0, 10, cache=2048), span("b", 0, 10, cache=1024), span("t", 10, 20, cache=2048)]
+    with pytest.raises(NoRoute, match="3 without 3000 free KV tokens: the most any of them offers a new "
+                                      "session is 2048"):
+        plan_route(peers, 20, need_tokens=3000)
+    assert chain(plan_route(peers, 20, need_tokens=2048)) == [("a", 0, 10), ("t", 10, 20)]
+
+
 def test_unknown_rtt_uses_default_and_is_flagged():
     peers = [span("a", 0, 10, rtt=None), span("b", 0, 10, rtt=60.0)]
     plan = plan_route(peers, 10, 1)

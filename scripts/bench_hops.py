@@ -1,0 +1,110 @@
+"""Per-hop cost of a 3-peer loopback swarm, side by side in one run: stream kind, inline threshold, pinning.
+
+Same model, prompt and steps for every setting (1 thread per peer, greedy, ~128-token prompt):
+  whole        llama.cpp's whole model in this process (llama_cpp.Llama), 1 thread: the oracle speed;
+  libp2p/2ms   streams through the p2pd daemons, units under 2 ms inline (the tree before direct streams);
+  libp2p/10ms  the same streams, the current inline threshold (swarm.peer.scheduler.INLINE_MAX_MS);
+  direct/2ms   direct TCP streams (swarm.direct), the old threshold;
+  direct/10ms  both: the defaults now;
+  direct/10ms/pinned  the defaults, each peer process's threads pinned to one core (taskset -a),
+               the cores dealt round-robin (item 5 of issue 11: do co-located peers fight?).
+Per-hop overhead = (client's step time - the hops' reported compute) / hops, p50 (bench_swarm.py's
+measure). The client and peer processes are the same for both stream kinds: the client switches with
+`RemoteEngine.transport.direct`, the peers offer both. Prints one JSON object.
+
+    .venv/bin/python scripts/bench_hops.py [--model smollm2-135m] [--decode 64] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import llama_cpp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_swarm as bs  # noqa: E402 - sibling script: whole-model and swarm measurements
+
+from swarm import Client  # noqa: E402
+from swarm.manifest import build_manifest  # noqa: E402
+from swarm.models import resolve_model  # noqa: E402
+
+from peerproc import PeerSet  # noqa: E402 - tests/integration, put on sys.path by bench_swarm
+
+
+def start(root: Path, path: Path, n_layers: int, inline_ms: float, pin: bool) -> PeerSet:
+    """Three peers for equal thirds of the layers, 1 thread each; pinned round-robin when `pin`."""
+    cuts = [0, n_layers // 3, 2 * n_layers // 3, n_layers]
+    ps = PeerSet(root)
+    cores = itertools.cycle(sorted(os.sched_getaffinity(0)))
+    try:
+        for i in range(3):
+            join = ("--new-swarm",) if i == 0 else ("--initial-peers", ps.started[0].maddrs[0])
+            peer = ps.start(f"p{i}", "serve", "--model", str(path), "--layers", f"{cuts[i]}:{cuts[i + 1]}",
+                            "--threads", "1", "--cache-tokens", "2048", "--inline-max-ms", str(inline_ms),
+                            *join)
+            if pin:
+                subprocess.run(["taskset", "-a", "-cp", str(next(cores)), str(peer.proc.pid)],
+                               check=True, capture_output=True)
+    except BaseException:
+        ps.stop_all()
+        raise
+    return ps
+
+
+def measure(path: Path, prompt: str, n_decode: int, ps: PeerSet, direct: bool, repeats: int) -> dict:
+    """Best of `repeats` generations (by decode tokens/s) through `ps`, direct streams or libp2p."""
+    with Client(str(path), initial_peers=ps.started[0].maddrs) as client:
+        client._engine.transport.direct = direct  # noqa: SLF001 - the engine's documented switch
+        client.generate(prompt[:40], max_new_tokens=4)  # warm-up: probes, streams, cost model
+        runs = [bs._swarm_run(client, prompt, n_decode) for _ in range(repeats)]  # noqa: SLF001
+    return max(runs, key=lambda r: r["decode_tok_s"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    path = resolve_model(args.model)
+    n_layers = build_manifest(path).n_layers
+    tok = llama_cpp.Llama(model_path=str(path), n_ctx=256, vocab_only=True, verbose=False)
+    prompt = bs.make_prompt(tok, 128)
+    del tok
+    out: dict = {"model": args.model, "cpus": os.cpu_count(), "loadavg_start": bs.loadavg()}
+    whole = bs.bench_whole(path, prompt, args.decode, 1, args.repeats)
+    out["whole"] = whole
+    settings = {}
+    with tempfile.TemporaryDirectory(prefix="bench-hops-") as tmp:
+        for i, (inline_ms, pin) in enumerate([(2.0, False), (10.0, False), (10.0, True)]):
+            ps = start(Path(tmp) / f"s{i}", path, n_layers, inline_ms, pin)
+            try:
+                kinds = (True,) if pin else (False, True)
+                for direct in kinds:
+                    name = f"{'direct' if direct else 'libp2p'}/{inline_ms:g}ms" + ("/pinned" if pin else "")
+                    settings[name] = measure(path, prompt, args.decode, ps, direct, args.repeats)
+            finally:
+                ps.stop_all()
+    out["swarm"] = settings
+    out["summary"] = {
+        name: {
+            "decode_tok_s": r["decode_tok_s"],
+            "swarm_over_whole": round(r["decode_tok_s"] / whole["decode_tok_s"], 3),
+            "overhead_per_hop_ms_p50": round(r["overhead_per_hop_ms_p50"], 3),
+            "transports": r["transports"],
+        }
+        for name, r in settings.items()
+    }
+    out["loadavg_end"] = bs.loadavg()
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
