@@ -129,5 +129,6 @@ class GenerationTelemetry:
             line += (
                 f"\n  [{hop.start:>3}:{hop.end:<3}) {hop.peer_id[:12]}…  compute {hop.compute_ms:.0f} ms"
                 f"  network {hop.network_ms:.0f} ms  sent {hop.bytes_sent} B  recv {hop.bytes_received} B"
+                + (f"  ({hop.transport})" if hop.transport else "")
             )
         return line

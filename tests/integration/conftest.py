@@ -1,4 +1,6 @@
-"""Fixtures for tests with real peer processes."""
+"""Fixtures for tests with real peer processes and in-process nodes."""
+
+import asyncio
 
 import pytest
 from peerproc import PeerSet
@@ -10,3 +12,11 @@ def peers(tmp_path):
     ps = PeerSet(tmp_path)
     yield ps
     ps.stop_all()
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """One asyncio loop for a module's in-process nodes (run with `loop.run_until_complete`)."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()

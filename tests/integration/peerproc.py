@@ -104,13 +104,13 @@ class RawClient:
     def send(self, stream: StreamSession, data: bytes) -> None:
         self.loop.run(stream.send(data), 30)
 
-    def recv(self, stream: StreamSession):
-        """The next frame from the peer, decoded."""
-        return decode_frame(self.loop.run(stream.recv(REPLY_S), REPLY_S + 5))
+    def recv(self, stream: StreamSession, timeout_s: float = REPLY_S):
+        """The next frame from the peer, decoded; `timeout_s` only guards against a hang."""
+        return decode_frame(self.loop.run(stream.recv(timeout_s), timeout_s + 5))
 
-    def ask(self, stream: StreamSession, data: bytes):
+    def ask(self, stream: StreamSession, data: bytes, timeout_s: float = REPLY_S):
         self.send(stream, data)
-        return self.recv(stream)
+        return self.recv(stream, timeout_s)
 
     def assert_closed(self, stream: StreamSession) -> None:
         """The peer ended this stream: the next read finds it closed (no frame, no hang)."""

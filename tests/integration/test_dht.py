@@ -3,7 +3,6 @@ expire, reject forged records, persistent identity."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import hivemind
@@ -19,13 +18,6 @@ from swarm.errors import ProtocolError
 from peerproc import wait_for
 
 MODEL = "c0ffee" * 8
-
-
-@pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 @pytest.fixture(scope="module")

@@ -39,13 +39,6 @@ class Observed:
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def nodes(loop, tmp_path_factory):
     """A serving node with a direct listener for ECHO, and a client node."""
     tmp = tmp_path_factory.mktemp("direct")

@@ -20,13 +20,6 @@ TRACKED = "/test/tracked/1"
 FRAME_BYTES = 2304  # one SmolLM2 hidden state: 576 float32
 
 
-@pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
 class Server:
     """A serving node plus what its handlers observed."""
 

@@ -225,7 +225,9 @@ def test_forward_over_the_token_cap_is_refused_and_keeps_the_session(raw):
         str(MAX_FORWARD_TOKENS + 1),
     )
     # A frame of exactly the cap is served (in several chunks on the peer), and the session goes on.
-    first = raw.ask(s, encode_frame(Forward(step=1, pos0=0, hidden=hidden(MAX_FORWARD_TOKENS), sample=True)))
+    # Its 2,048 rows take ~20-40 s on a loaded 2-core machine: the hang guard is wider than REPLY_S.
+    frame = encode_frame(Forward(step=1, pos0=0, hidden=hidden(MAX_FORWARD_TOKENS), sample=True))
+    first = raw.ask(s, frame, timeout_s=600.0)
     assert isinstance(first, Token) and first.step == 1
     nxt = raw.ask(s, encode_frame(Forward(step=2, pos0=MAX_FORWARD_TOKENS, hidden=hidden(1), sample=True)))
     assert isinstance(nxt, Token) and nxt.step == 2
