@@ -68,8 +68,9 @@ async def run(round_trips: int, tmp: Path) -> dict:
         out["open_stream"] = summary_ms(opens)
         async with await client.transport.open_stream(*target, ECHO) as stream:
             out |= await echo_sizes(stream, round_trips)
-        direct = DirectServer(server.transport, {ECHO: echo})
-        endpoints = direct_maddrs(["127.0.0.1"], await direct.start("127.0.0.1", 0))
+        direct = DirectServer()
+        endpoints = direct_maddrs(["127.0.0.1"], await direct.listen("127.0.0.1", 0))
+        await direct.open(server.transport, {ECHO: echo})
         try:
             opens = []
             for _ in range(50):

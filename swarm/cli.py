@@ -143,14 +143,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--debug-tamper-snapshots", default=None, help=argparse.SUPPRESS)
     s.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on --host:PORT")
-    s.add_argument(
+    direct = s.add_mutually_exclusive_group()
+    direct.add_argument(
         "--direct-port",
         type=int,
         default=0,
         help="TCP port on --host for direct span streams from clients, set up and authenticated over "
         "libp2p (0: any free port; behind a NAT, forward it and give a fixed one)",
     )
-    s.add_argument(
+    direct.add_argument(
         "--no-direct", action="store_true", help="offer no direct streams: clients use libp2p streams only"
     )
     s.add_argument("--inline-max-ms", type=float, default=None, help=argparse.SUPPRESS)  # benchmarks

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import struct
 from collections import OrderedDict
@@ -33,7 +34,7 @@ from typing import Iterable
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from swarm.errors import PeerTimeout, PeerUnreachable, ProtocolError, SwarmError
+from swarm.errors import AddressError, PeerTimeout, PeerUnreachable, ProtocolError, SwarmError
 from swarm.netaddr import maddr_host_port
 from swarm.p2p import MAX_FRAME_BYTES, StreamHandler, StreamSession, SwarmP2P
 
@@ -147,29 +148,34 @@ class TicketBook:
 class DirectServer:
     """A peer's TCP listener for direct streams, and its ticket office on libp2p.
 
-    Args:
-        transport: the peer's libp2p transport (tickets are asked for there; handlers run under it,
-            so its `close` stops them too).
-        handlers: protocol name → stream handler, for the protocols that may be reached directly.
+    `listen` binds the port (early, so that a port in use fails before anything else starts); `open`
+    starts issuing tickets. Until then every connection is closed unheard (no ticket can be valid).
     """
 
-    def __init__(self, transport: SwarmP2P, handlers: dict[str, StreamHandler]):
-        self._transport, self._handlers = transport, dict(handlers)
+    def __init__(self):
+        self._transport: SwarmP2P | None = None
+        self._handlers: dict[str, StreamHandler] = {}
         self._book = TicketBook()
         self._server: asyncio.AbstractServer | None = None
 
-    async def start(self, host: str, port: int = 0) -> int:
-        """Listen on host:port (0: any free port) and serve ticket requests. Returns the port.
+    async def listen(self, host: str, port: int = 0) -> int:
+        """Listen on host:port (0: any free port). Returns the port.
 
         Raises:
-            SwarmError: the port cannot be bound.
+            AddressError: the port cannot be bound (in use, or not permitted).
         """
         try:
             self._server = await asyncio.start_server(self._accept, host, port)
         except OSError as e:
-            raise SwarmError(f"cannot listen for direct streams on {host}:{port}: {e}") from e
-        await self._transport.serve(DIRECT_PROTOCOL, self._issue, max_frame_bytes=_MAX_PROTOCOL_CHARS)
+            why = os.strerror(e.errno) if e.errno else str(e)  # asyncio's own strerror repeats the address
+            raise AddressError(f"--direct-port {port}: cannot listen on {host}: {why}") from e
         return self._server.sockets[0].getsockname()[1]
+
+    async def open(self, transport: SwarmP2P, handlers: dict[str, StreamHandler]) -> None:
+        """Issue tickets on `transport` for `handlers` (protocol name → stream handler, the protocols
+        that may be reached directly); the streams run under `transport`, whose `close` ends them."""
+        self._transport, self._handlers = transport, dict(handlers)
+        await transport.serve(DIRECT_PROTOCOL, self._issue, max_frame_bytes=_MAX_PROTOCOL_CHARS)
 
     async def close(self) -> None:
         """Stop accepting; running streams end with the transport's `close`."""
@@ -195,7 +201,7 @@ class DirectServer:
             await hello.close()
             return
         grant = self._book.redeem(ticket, asyncio.get_running_loop().time())
-        if grant is None:
+        if grant is None or self._transport is None:
             logger.info("direct connection from %s refused: unknown, used or expired ticket",
                         writer.get_extra_info("peername"))
             await hello.close()

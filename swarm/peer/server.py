@@ -30,7 +30,7 @@ from swarm.artifacts.session import ArtifactSession, SessionConfig
 from swarm.dht.identity import resolve_data_dir
 from swarm.dht.node import SwarmDHT
 from swarm.dht.records import MAX_PUBLIC_NAME_CHARS
-from swarm.errors import SwarmError
+from swarm.errors import AddressError, SwarmError
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.prefix import PREFIX_BLOCK_TOKENS
 from swarm.kv.sessions import SessionTable
@@ -135,10 +135,15 @@ def check_config(cfg: ServeConfig) -> NetConfig:
         ("threads", cfg.n_threads, 1, 1024),
         ("memory_bytes", cfg.memory_bytes, 0, 1 << 60),
         ("max_layers", 1 if cfg.max_layers is None else cfg.max_layers, 1, MAX_LAYERS),
-        ("direct_port", 0 if cfg.direct_port is None else cfg.direct_port, 0, 65535),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
             raise SwarmError(f"{name} must be an integer in [{lo}, {hi}], got {value!r:.40}")
+    port = cfg.direct_port
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535):
+        raise AddressError(f"--direct-port must be an integer in 0..65535, got {port!r:.40}")
+    port = cfg.metrics_port
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535):
+        raise AddressError(f"--metrics-port must be in 1..65535, got {port!r:.40}")
     for name, value, zero_ok in (
         ("announce_period_s", cfg.announce_period_s, False),
         ("rebalance_period_s", cfg.rebalance_period_s, True),
@@ -182,9 +187,12 @@ async def serve(
         servable_row(manifest.arch)  # refuses architectures that cannot be served, with the reason
         if cfg.layers is not None:
             _check_span(manifest, *cfg.layers)
-    # BitTorrent first: a port in use fails before the DHT node (its own process) starts.
+    # BitTorrent and the direct-stream port first: a port in use fails before the DHT node (its own
+    # process) starts.
     artifacts = ArtifactSession(SessionConfig(listen_host=net.host, listen_port=net.bt_port))
+    direct = None if cfg.direct_port is None else DirectServer()
     try:
+        direct_port = None if direct is None else await direct.listen(net.host, cfg.direct_port)
         dht = await SwarmDHT.start(
             cfg.initial_peers,
             host=net.host,
@@ -193,9 +201,10 @@ async def serve(
             public_address=net.public_address,
         )
     except BaseException:
+        if direct is not None:
+            await direct.close()
         artifacts.close()
         raise
-    direct: DirectServer | None = None
     try:
         artifacts.advertise(bt_hosts(net, dht.visible_maddrs()))
         for maddr in dht.visible_maddrs():
@@ -229,10 +238,9 @@ async def serve(
             span_handler = metrics.wrap(span_handler)
         await dht.transport.serve(SPAN_PROTOCOL, span_handler)
         direct_addrs: tuple[str, ...] = ()
-        if cfg.direct_port is not None:
-            direct = DirectServer(dht.transport, {SPAN_PROTOCOL: span_handler})
-            port = await direct.start(net.host, cfg.direct_port)
-            direct_addrs = direct_maddrs(bt_hosts(net, dht.visible_maddrs()), port)
+        if direct is not None:
+            await direct.open(dht.transport, {SPAN_PROTOCOL: span_handler})
+            direct_addrs = direct_maddrs(bt_hosts(net, dht.visible_maddrs()), direct_port)
         if rt.prefixes is not None:
             await dht.transport.serve(
                 SNAPSHOT_PROTOCOL, partial(_serve_snapshot, rt, cfg.debug_tamper_snapshots)
@@ -242,7 +250,8 @@ async def serve(
             metrics.announcer = announcer
         await announcer.announce_once()
         print(
-            f"serving layers {start}:{end} of {manifest.model_id} as {dht.peer_id}",
+            f"serving layers {start}:{end} of {manifest.model_id} as {dht.peer_id}"
+            + (f", direct streams on port {direct_port}" if direct is not None else ""),
             file=sys.stderr,
             flush=True,
         )

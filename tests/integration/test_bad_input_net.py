@@ -172,6 +172,8 @@ def _swarm(home, *args: str) -> subprocess.CompletedProcess:
         (("--host", "fe80::1%lo"), "scoped IPv6 addresses are not supported"),
         (("--port", "70000"), "--port must be an integer in 0..65535"),
         (("--bt-port", "-1"), "--bt-port must be an integer in 0..65535"),
+        (("--direct-port", "70000"), "--direct-port must be an integer in 0..65535"),
+        (("--metrics-port", "0"), "--metrics-port must be in 1..65535"),
         (("--public-address", "192.0.2.7"), "--public-address needs a fixed --port"),
         (("--public-address", "0.0.0.0", "--port", "4000"), "not 0.0.0.0"),
         (("--public-address", "::1", "--port", "4000"), "is IPv6 but --host 127.0.0.1 is IPv4"),
@@ -212,6 +214,27 @@ def test_busy_bt_port_is_refused_before_the_dht_starts(smollm2_path, tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert f"cannot listen for BitTorrent on 127.0.0.1:{port}" in proc.stderr
     assert "/p2p/" not in proc.stdout
+
+
+def test_busy_direct_port_is_refused_before_the_dht_starts(smollm2_path, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = _swarm(
+            tmp_path, "serve", "--model", str(smollm2_path), "--layers", "0:30", "--new-swarm",
+            "--direct-port", str(port),
+        )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("swarm: error:")]
+    why = "cannot listen on 127.0.0.1: Address already in use"
+    assert errors == [f"swarm: error: --direct-port {port}: {why}"]
+    assert "/p2p/" not in proc.stdout  # refused before the DHT node started
+
+
+def test_direct_port_and_no_direct_exclude_each_other(smollm2_path, tmp_path):
+    proc = _swarm(tmp_path, "serve", "--model", str(smollm2_path), "--no-direct", "--direct-port", "5000")
+    assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
 
 
 @pytest.mark.parametrize("command", [("dht",), ("publish", "smollm2-135m", "--new-swarm")])

@@ -46,8 +46,9 @@ def nodes(loop, tmp_path_factory):
 
     async def start():
         server = await SwarmDHT.start(data_dir=tmp / "server")
-        direct = DirectServer(server.transport, {ECHO: seen.echo})
-        port = await direct.start("127.0.0.1", 0)
+        direct = DirectServer()
+        port = await direct.listen("127.0.0.1", 0)
+        await direct.open(server.transport, {ECHO: seen.echo})
         client = await SwarmDHT.start(server.visible_maddrs(), data_dir=tmp / "client")
         return server, direct, client, direct_maddrs(["127.0.0.1"], port)
 
