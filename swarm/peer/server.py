@@ -528,7 +528,8 @@ async def _shutdown(rt: SpanRuntime, announcer: Announcer) -> None:
     try:
         await asyncio.wait_for(announcer.withdraw(), SHUTDOWN_STEP_S)
     except (SwarmError, asyncio.TimeoutError) as e:
-        logger.warning("could not withdraw the announcement (it expires by itself): %s", e)
+        why = str(e) or f"no answer within {SHUTDOWN_STEP_S:.0f} s"
+        logger.warning("could not withdraw the announcement (it expires by itself): %s", why)
     goodbye = encode_frame(Error(ErrorCode.SHUTTING_DOWN, "peer is shutting down"))
     for stream in list(rt.streams):
         try:
