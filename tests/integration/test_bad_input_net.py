@@ -195,40 +195,23 @@ def test_bad_serve_options_are_refused_before_anything_starts(smollm2_path, tmp_
     assert "/p2p/" not in proc.stdout  # no DHT node started
 
 
-def test_busy_bt_port_is_refused_before_the_dht_starts(smollm2_path, tmp_path):
+@pytest.mark.parametrize(
+    "flag, needle",
+    [
+        ("--bt-port", "cannot listen for BitTorrent on 127.0.0.1:{port}"),
+        ("--direct-port", "--direct-port {port}: cannot listen on 127.0.0.1: Address already in use"),
+    ],
+)
+def test_busy_port_is_refused_before_the_dht_starts(smollm2_path, tmp_path, flag, needle):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = _swarm(
-            tmp_path,
-            "serve",
-            "--model",
-            str(smollm2_path),
-            "--layers",
-            "0:30",
-            "--new-swarm",
-            "--bt-port",
-            str(port),
-        )
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert f"cannot listen for BitTorrent on 127.0.0.1:{port}" in proc.stderr
-    assert "/p2p/" not in proc.stdout
-
-
-def test_busy_direct_port_is_refused_before_the_dht_starts(smollm2_path, tmp_path):
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        proc = _swarm(
-            tmp_path, "serve", "--model", str(smollm2_path), "--layers", "0:30", "--new-swarm",
-            "--direct-port", str(port),
-        )
+        serve = ("serve", "--model", str(smollm2_path), "--layers", "0:30", "--new-swarm")
+        proc = _swarm(tmp_path, *serve, flag, str(port))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("swarm: error:")]
-    why = "cannot listen on 127.0.0.1: Address already in use"
-    assert errors == [f"swarm: error: --direct-port {port}: {why}"]
+    assert len(errors) == 1 and needle.format(port=port) in errors[0], proc.stderr
     assert "/p2p/" not in proc.stdout  # refused before the DHT node started
 
 
