@@ -265,3 +265,31 @@ async def dial(
     except TimeoutError:
         raise PeerTimeout(f"direct stream to {peer_id[:12]}… not set up within {timeout_s:.1f} s") from None
     raise PeerUnreachable(f"no direct endpoint of {peer_id[:12]}… answered: {'; '.join(errors)}")
+
+
+async def open_stream(
+    transport: SwarmP2P,
+    peer_id: str,
+    addrs: Iterable[str],
+    endpoints: Iterable[str],
+    protocol: str,
+    timeout_s: float,
+) -> tuple[StreamSession, str]:
+    """A stream to `peer_id` for `protocol`: direct when it announces endpoints that answer, else
+    through libp2p. Returns (stream, "direct" or "libp2p").
+
+    Raises:
+        PeerUnreachable: libp2p could not open the stream either.
+        PeerTimeout: the libp2p stream was not open within timeout_s.
+    """
+    endpoints, addrs = tuple(endpoints), tuple(addrs)
+    if endpoints:
+        try:
+            return await dial(transport, peer_id, addrs, endpoints, protocol, timeout_s), "direct"
+        except PeerUnreachable as e:
+            logger.info("direct stream to %s failed, using libp2p: %s", peer_id[:12], e)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await transport.open_stream(peer_id, addrs, protocol), "libp2p"
+    except TimeoutError:
+        raise PeerTimeout(f"peer {peer_id[:12]}… did not accept a stream within {timeout_s:.1f} s") from None

@@ -12,7 +12,7 @@ no fewer (any change to a frame bumps `PROTOCOL_GENERATION`). Frames that carry 
 after the header are exactly rows * cols * itemsize of row-major data.
 
 Size line: a decode step moves one `Forward` (client → peer) or `Hidden` (peer → client) frame of
-4·n_embd tensor bytes + about 70-100 B of prefix and header (measured: Forward 89-97 B, Hidden 68 B):
+4·n_embd tensor bytes + about 70-100 B of prefix and header (measured: Forward 103-111 B, Hidden 68 B):
 for SmolLM2 (n_embd 576) 2304 B + ~95 B; for Qwen2.5 0.5B (n_embd 896) 3584 B + ~95 B; at
 n_embd 2048, 8 KiB + ~95 B per token per hop. The last span answers with a `Token` frame of
 about 85 B + 15 B per top log-prob. Encode + decode of a [1, 896] f32 Forward: ~8.5 µs.
@@ -40,10 +40,11 @@ from swarm.errors import ProtocolError, RequestError
 from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
-PROTOCOL_GENERATION = 2
+PROTOCOL_GENERATION = 3
 """Version of every frame below; a peer refuses frames of any other generation.
 
-2: prefix KV snapshots (`Open.prefixes`, `OpenOk.restorable` / `fetched_from`, `Forward.restore`)."""
+2: prefix KV snapshots (`Open.prefixes`, `OpenOk.restorable` / `fetched_from`, `Forward.restore`).
+3: server push (`Chain`, `Attach`, `Forward.push` / `rewind`, `Hidden.pushed`)."""
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest frame body accepted (header + tensor); clients chunk bigger prefills."""
@@ -71,6 +72,10 @@ SESSION_ID_BYTES = 16
 MAX_PREFIX_OFFERS = 64
 """Most (n_tokens, hash) prefix offers in one Open (see swarm/kv/prefix.py)."""
 PREFIX_HASH_BYTES = 32
+
+MAX_CHAIN_ADDRS = 16
+"""Most multiaddrs of each kind a `Chain` frame may name for the next hop."""
+MAX_ADDR_CHARS = 256
 
 _PREFIX = struct.Struct(">BH")
 _DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
@@ -230,6 +235,10 @@ class Forward:
         all_logits: with want_logits, return the logits of every row instead of only the last.
         restore: 0, or (only on a session's first Forward, with pos0 == restore) a prefix length the
             peer said in `OpenOk.restorable` it can restore: it loads that prefix's KV first.
+        push: also send the output, as a Forward with the same step, to the hop this session is
+            chained to (`Chain`), and answer the client with a copy (`Hidden.pushed`).
+        rewind: pos0 may lie before the session's position: roll the session back to pos0 first (a
+            client finishing a step by relay after a failure, when the hop may already hold it).
     """
 
     step: int
@@ -239,6 +248,8 @@ class Forward:
     want_logits: bool = False
     all_logits: bool = False
     restore: int = 0
+    push: bool = False
+    rewind: bool = False
 
     def __post_init__(self) -> None:
         _int("step", self.step, 0, _U64)
@@ -250,6 +261,9 @@ class Forward:
             raise ProtocolError("field 'all_logits' needs 'want_logits'")
         if _int("restore", self.restore, 0, MAX_CONTEXT_TOKENS) and self.restore != self.pos0:
             raise ProtocolError("field 'restore' must equal 'pos0' when set")
+        _bool("push", self.push)
+        if _bool("rewind", self.rewind) and self.restore:
+            raise ProtocolError("fields 'rewind' and 'restore' exclude each other")
 
     @property
     def n_tokens(self) -> int:
@@ -259,16 +273,21 @@ class Forward:
 
 @dataclass(frozen=True)
 class Hidden:
-    """Peer → client: `[n_tokens, n_embd]` hidden states after the span, and compute time in ms."""
+    """Peer → client: `[n_tokens, n_embd]` hidden states after the span, and compute time in ms.
+
+    `pushed`: the peer also pushed them to the next hop (Forward.push), so the client need not
+    relay them; this copy is what the client keeps for failover."""
 
     step: int
     hidden: np.ndarray
     compute_ms: float
+    pushed: bool = False
 
     def __post_init__(self) -> None:
         _int("step", self.step, 0, _U64)
         _tensor("hidden", self.hidden, MAX_HIDDEN)
         _float("compute_ms", self.compute_ms, 0.0, 1e9)
+        _bool("pushed", self.pushed)
 
 
 @dataclass(frozen=True)
@@ -317,12 +336,66 @@ class Truncate:
         _int("pos", self.pos, 0, MAX_CONTEXT_TOKENS)
 
 
+def _addrs(name: str, v: Any) -> tuple[str, ...]:
+    if not isinstance(v, tuple) or len(v) > MAX_CHAIN_ADDRS:
+        raise ProtocolError(f"field {name!r} must be a tuple of at most {MAX_CHAIN_ADDRS} multiaddrs")
+    for a in v:
+        _str(name, a, MAX_ADDR_CHARS)
+    return v
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Client → peer: where this session's pushed outputs go, and whose pushes it accepts.
+
+    Answered with `OpenOk` (an acknowledgement). A later Chain replaces the earlier one.
+
+    Attributes:
+        next_peer: peer id of the next hop ("": push to no one).
+        next_session: that hop's session id (16 bytes; b"" with no next_peer).
+        next_addrs: the next hop's libp2p multiaddrs.
+        next_direct: the next hop's direct-stream endpoints (swarm/direct.py), tried first.
+        prev_peer: the only peer id whose pushed frames this session accepts ("": none).
+    """
+
+    next_peer: str = ""
+    next_session: bytes = b""
+    next_addrs: tuple[str, ...] = ()
+    next_direct: tuple[str, ...] = ()
+    prev_peer: str = ""
+
+    def __post_init__(self) -> None:
+        _str("next_peer", self.next_peer, MAX_ID_CHARS)
+        _str("prev_peer", self.prev_peer, MAX_ID_CHARS)
+        if not isinstance(self.next_session, bytes) or len(self.next_session) != (
+            SESSION_ID_BYTES if self.next_peer else 0
+        ):
+            raise ProtocolError(
+                f"field 'next_session' must be {SESSION_ID_BYTES} bytes with a next_peer, else empty"
+            )
+        _addrs("next_addrs", self.next_addrs)
+        _addrs("next_direct", self.next_direct)
+
+
+@dataclass(frozen=True)
+class Attach:
+    """Peer → next peer, first frame of a push stream: the pushed Forwards are for this session.
+
+    Answered with `OpenOk` when the session exists and names the sender as `Chain.prev_peer`."""
+
+    session_id: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.session_id, bytes) or len(self.session_id) != SESSION_ID_BYTES:
+            raise ProtocolError(f"field 'session_id' must be {SESSION_ID_BYTES} bytes")
+
+
 @dataclass(frozen=True)
 class Close:
     """Client → peer: release the session; the stream ends."""
 
 
-Frame = Union[Open, OpenOk, Error, Forward, Hidden, Token, Truncate, Close]
+Frame = Union[Open, OpenOk, Error, Forward, Hidden, Token, Truncate, Chain, Attach, Close]
 
 _KINDS: dict[type, str] = {
     Open: "open",
@@ -332,6 +405,8 @@ _KINDS: dict[type, str] = {
     Hidden: "hidden",
     Token: "token",
     Truncate: "truncate",
+    Chain: "chain",
+    Attach: "attach",
     Close: "close",
 }
 _FIELDS: dict[str, frozenset[str]] = {
@@ -341,11 +416,13 @@ _FIELDS: dict[str, frozenset[str]] = {
     "open_ok": frozenset({"reserved_tokens", "restorable", "fetched_from"}),
     "error": frozenset({"code", "message"}),
     "forward": frozenset(
-        {"step", "pos0", "sample", "want_logits", "all_logits", "restore", "dtype", "shape"}
+        {"step", "pos0", "sample", "want_logits", "all_logits", "restore", "push", "rewind", "dtype", "shape"}
     ),
-    "hidden": frozenset({"step", "compute_ms", "dtype", "shape"}),
+    "hidden": frozenset({"step", "compute_ms", "pushed", "dtype", "shape"}),
     "token": frozenset({"step", "token", "logprob", "top", "compute_ms", "dtype", "shape"}),
     "truncate": frozenset({"pos"}),
+    "chain": frozenset({"next_peer", "next_session", "next_addrs", "next_direct", "prev_peer"}),
+    "attach": frozenset({"session_id"}),
     "close": frozenset(),
 }
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "n_top_logprobs")
@@ -384,9 +461,11 @@ def _header(frame: Frame) -> tuple[dict[str, Any], np.ndarray | None]:
             "want_logits": frame.want_logits,
             "all_logits": frame.all_logits,
             "restore": frame.restore,
+            "push": frame.push,
+            "rewind": frame.rewind,
         }, frame.hidden
     if isinstance(frame, Hidden):
-        return {"step": frame.step, "compute_ms": frame.compute_ms}, frame.hidden
+        return {"step": frame.step, "compute_ms": frame.compute_ms, "pushed": frame.pushed}, frame.hidden
     if isinstance(frame, Token):
         return {
             "step": frame.step,
@@ -397,6 +476,16 @@ def _header(frame: Frame) -> tuple[dict[str, Any], np.ndarray | None]:
         }, frame.logits
     if isinstance(frame, Truncate):
         return {"pos": frame.pos}, None
+    if isinstance(frame, Chain):
+        return {
+            "next_peer": frame.next_peer,
+            "next_session": frame.next_session,
+            "next_addrs": list(frame.next_addrs),
+            "next_direct": list(frame.next_direct),
+            "prev_peer": frame.prev_peer,
+        }, None
+    if isinstance(frame, Attach):
+        return {"session_id": frame.session_id}, None
     return {}, None
 
 
@@ -472,6 +561,12 @@ def _decode_pairs(name: str, v: Any) -> tuple:
     return tuple(tuple(p) for p in v)
 
 
+def _decode_strs(name: str, v: Any) -> tuple:
+    if not isinstance(v, list):
+        raise ProtocolError(f"field {name!r} must be a list")
+    return tuple(v)
+
+
 def _build(kind: str, h: dict[str, Any], payload: memoryview) -> Frame:
     if kind == "forward":
         return Forward(
@@ -482,10 +577,12 @@ def _build(kind: str, h: dict[str, Any], payload: memoryview) -> Frame:
             want_logits=h["want_logits"],
             all_logits=h["all_logits"],
             restore=h["restore"],
+            push=h["push"],
+            rewind=h["rewind"],
         )
     if kind == "hidden":
         hidden = _decode_tensor(h, payload, MAX_HIDDEN)
-        return Hidden(step=h["step"], hidden=hidden, compute_ms=h["compute_ms"])
+        return Hidden(step=h["step"], hidden=hidden, compute_ms=h["compute_ms"], pushed=h["pushed"])
     if kind == "token":
         logits = None
         if h["dtype"] is not None or h["shape"] is not None:
@@ -530,6 +627,16 @@ def _build(kind: str, h: dict[str, Any], payload: memoryview) -> Frame:
         return Error(code=code, message=_str("message", h["message"], MAX_MESSAGE_CHARS))
     if kind == "truncate":
         return Truncate(pos=h["pos"])
+    if kind == "chain":
+        return Chain(
+            next_peer=h["next_peer"],
+            next_session=h["next_session"],
+            next_addrs=_decode_strs("next_addrs", h["next_addrs"]),
+            next_direct=_decode_strs("next_direct", h["next_direct"]),
+            prev_peer=h["prev_peer"],
+        )
+    if kind == "attach":
+        return Attach(session_id=h["session_id"])
     return Close()
 
 

@@ -224,14 +224,22 @@ class DHTDirectory:
 
 
 class P2PLink:
-    """`HopLink` over one framed stream (libp2p, or direct TCP: swarm.direct), frames encoded with
+    """`PushLink` over one framed stream (libp2p, or direct TCP: swarm.direct), frames encoded with
     swarm.wire and length-prefixed by swarm.p2p."""
 
     def __init__(self, peer_id: str, stream: StreamSession, transport: str = "libp2p"):
         self.peer_id, self._stream, self.transport = peer_id, stream, transport
+        self._said: bytes | None = None  # a peer's last words, read after a failed send
 
     async def exchange(self, frame: Frame, timeout_s: float) -> tuple[Frame, int, int]:
         """Send one frame, read one reply (see `HopLink.exchange`)."""
+        sent = await self.send(frame, timeout_s)
+        reply, received = await self.recv(timeout_s)
+        return reply, sent, received
+
+    async def send(self, frame: Frame, timeout_s: float) -> int:
+        """Send one frame; its bytes on the wire (see `PushLink.send`). A peer that hung up after
+        saying why (an Error, e.g. SHUTTING_DOWN) is read by the next `recv`."""
         data = encode_frame(frame)
         try:
             async with asyncio.timeout(timeout_s):
@@ -245,10 +253,18 @@ class P2PLink:
             # A peer that leaves says why (SHUTTING_DOWN) before hanging up: report that, not "broken".
             said = await self._stream.last_words()
             if said is not None and isinstance(reply := decode_frame(said), Error):
-                return reply, len(data) + 4, len(said) + 4
+                self._said = said
+                return len(data) + 4
             raise
-        reply_bytes = await self._stream.recv(timeout_s)
-        return decode_frame(reply_bytes), len(data) + 4, len(reply_bytes) + 4
+        return len(data) + 4
+
+    async def recv(self, timeout_s: float) -> tuple[Frame, int]:
+        """The next frame from the peer and its bytes (see `PushLink.recv`)."""
+        if self._said is not None:
+            said, self._said = self._said, None
+            return decode_frame(said), len(said) + 4
+        data = await self._stream.recv(timeout_s)
+        return decode_frame(data), len(data) + 4
 
     async def close(self) -> None:
         """Send Close (bounded by CLOSE_TIMEOUT_S) and close the stream; never raises."""
@@ -312,6 +328,7 @@ class RemoteEngine:
     Attributes:
         directory: the peers' announcements and measured RTTs.
         transport: opens the hops' streams; `transport.direct = False` keeps them on libp2p.
+        push: chain each route for server push (swarm/client/session.py); False: relay every step.
     """
 
     def __init__(
@@ -336,6 +353,7 @@ class RemoteEngine:
         self.directory = DHTDirectory(conn.dht, manifest.model_id, self.policy.probe_timeout_s)
         self.exclusions = Exclusions(self.policy.exclusion_s)
         self.transport = P2PTransport(conn.dht, self.directory)
+        self.push = True
         self._rng = random.SystemRandom()
         self._sessions: set[RemoteSession] = set()
 
@@ -358,11 +376,16 @@ class RemoteEngine:
             now=time.monotonic,
             sleep=asyncio.sleep,
             rng=self._rng,
+            push_addrs=self._push_addrs if self.push else None,
         )
         session = RemoteSession(self._conn.loop, route, self._embedder, self._chunk, self.reuse_prefixes)
         self._sessions.add(session)
         session.on_close = self._sessions.discard
         return session
+
+    def _push_addrs(self, peer_id: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Where a hop's peer can reach `peer_id`: its announced multiaddrs and direct endpoints."""
+        return self.directory.addrs(peer_id), self.directory.direct_addrs(peer_id)
 
     def close(self) -> None:
         """Close every open session and leave the swarm."""

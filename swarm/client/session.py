@@ -8,6 +8,16 @@ answers with the sampled token. Every row a hop has been sent is kept, so when a
 on them in chunks, and the step goes on: the text equals a fault-free run token for token, since
 each span's output depends only on the rows it was given and the last span samples by position.
 
+Server push: given `push_addrs`, the route is chained after every open and failover (`Chain` to
+each hop: push outputs to the next hop's session, accept pushes from the previous hop's peer). A step
+is then sent to the first hop only, with `Forward.push`; each peer pushes its output straight to the
+next and answers the client with a copy (`Hidden.pushed`), which the client records as the next
+hop's input for replay, and the last answers the token: the client waits on each hop in turn but sends
+once per step. A hop that could not push answers `pushed` false and the client relays from there. When
+a hop fails mid-step, the client replaces it as above and finishes the step by relay with
+`Forward.rewind` (a later hop may already hold the step from a push before the failure); replies to
+steps the client abandoned are recognised by their step number and skipped.
+
 Everything that does I/O or reads time is passed in: the `PeerDirectory` (announced spans and RTT
 probes), the `HopTransport` (links to peers), the clock, the sleep and the RNG. The client runs it
 over libp2p streams (swarm/client/remote.py); the simulator (sim/) runs it over simulated peers;
@@ -47,7 +57,7 @@ from swarm.errors import (
 from swarm.route.failover import Exclusions, FailoverPolicy, backoff_s, step_timeout_s
 from swarm.route.plan import Hop, PeerSpan, plan_route
 from swarm.sampling import SamplingParams
-from swarm.wire import Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token
+from swarm.wire import MAX_CHAIN_ADDRS, Chain, Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token
 
 
 class HopLink(Protocol):
@@ -68,6 +78,18 @@ class HopLink(Protocol):
 
     async def close(self) -> None:
         """Tell the peer the session is over (best effort) and close the stream; never raises."""
+
+
+class PushLink(HopLink, Protocol):
+    """A `HopLink` whose two directions can be used apart (server push: the client reads answers to
+    frames it did not send)."""
+
+    async def send(self, frame: Frame, timeout_s: float) -> int:
+        """Send `frame`; return its bytes. Raises PeerTimeout or PeerUnreachable."""
+
+    async def recv(self, timeout_s: float) -> tuple[Frame, int]:
+        """The next frame from the peer and its bytes. Raises PeerTimeout, PeerUnreachable or
+        ProtocolError."""
 
 
 class HopTransport(Protocol):
@@ -115,6 +137,7 @@ class _Hop:
     telemetry: HopTelemetry
     inputs: list[np.ndarray]
     """Every `[rows, hidden]` float32 block this hop was sent, from position `base` on: its replay."""
+    session_id: bytes = b""
     restorable: frozenset[int] = frozenset()
     """Prefix lengths the peer said it can restore."""
     base: int = 0
@@ -179,6 +202,8 @@ class RouteSession:
         now: monotonic clock, seconds.
         sleep: awaitable sleep, seconds (backoff).
         rng: jitter and session ids.
+        push_addrs: peer id → (multiaddrs, direct endpoints) to give the previous hop: chain the
+            route for server push (the transport's links must be `PushLink`s); None: relay only.
     All methods run on one event loop; one call at a time.
     """
 
@@ -194,8 +219,12 @@ class RouteSession:
         now: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]],
         rng: random.Random,
+        push_addrs: Callable[[str], tuple[tuple[str, ...], tuple[str, ...]]] | None = None,
     ):
         self.spec, self._directory, self._transport = spec, directory, transport
+        self._push_addrs = push_addrs
+        self.chained = False
+        """The current route is chained: steps go out with `Forward.push`."""
         self._exclusions, self.telemetry, self.policy = exclusions, telemetry, policy
         self._now, self._sleep, self._rng = now, sleep, rng
         self._hops: list[_Hop] = []
@@ -234,6 +263,7 @@ class RouteSession:
         self._offers, self._prefix_rows = prefixes, prefix_rows
         self._hops = await self._open_stretch(0, self.spec.n_layers, None, fresh=True)
         self.telemetry.route = [h.telemetry for h in self._hops]
+        await self._chain()
         self.restored_tokens = self.pos
         self.telemetry.reused_tokens = self.pos
 
@@ -247,19 +277,30 @@ class RouteSession:
             SwarmError: more than policy.max_failovers failovers, or no replacement for a failed hop.
         """
         pos0, i, x0 = self.pos, 0, x
+        pushed_step: int | None = None  # the step hop i's input was pushed with (None: send it)
+        rewind = False
         while i < len(self._hops):
             hop, t_start = self._hops[i], self._now()
             try:
-                reply = await self._forward(hop, pos0, x)
+                if pushed_step is None:
+                    # a hop that restores a prefix first must be sent its step: a pushed frame cannot say so
+                    push = self.chained and not any(h.pending_restore for h in self._hops)
+                    reply = await self._forward(hop, pos0, x, push=push, rewind=rewind)
+                else:
+                    reply = await self._pushed_reply(hop, pushed_step, x.shape)
             except _HopFailed as f:
                 if await self._fail_over(i, f.error, t_start):
                     i, x = 0, x0  # the whole route was rebuilt: run this step from the first hop
+                else:
+                    rewind = True  # later hops may hold this step already, from a push before the failure
+                pushed_step = None
                 continue
             hop.inputs.append(x)
             if isinstance(reply, Token):
                 self.pos += x.shape[0]
                 return reply
             x, i = np.asarray(reply.hidden, dtype=np.float32), i + 1
+            pushed_step = reply.step if reply.pushed else None
         raise NoRoute("the route has no hops")
 
     async def close(self) -> None:
@@ -273,37 +314,100 @@ class RouteSession:
 
     # -- steps -------------------------------------------------------------------------------------
 
-    async def _forward(self, hop: _Hop, pos0: int, x: np.ndarray) -> Hidden | Token:
+    async def _forward(
+        self, hop: _Hop, pos0: int, x: np.ndarray, push: bool = False, rewind: bool = False
+    ) -> Hidden | Token:
         last = hop.span.end == self.spec.n_layers
-        frame = Forward(step=self._step, pos0=pos0, hidden=x, sample=last, restore=hop.pending_restore)
+        frame = Forward(step=self._step, pos0=pos0, hidden=x, sample=last, restore=hop.pending_restore,
+                        push=push and not last, rewind=rewind and not hop.pending_restore)
         self._step += 1
         reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy))
+        hop.pending_restore = 0
+        return self._checked(hop, reply, x.shape)
+
+    async def _pushed_reply(self, hop: _Hop, step: int, shape: tuple[int, ...]) -> Hidden | Token:
+        """The answer of `hop` to the step the previous hop pushed to it."""
+        t0 = self._now()
+        reply = await self._receive(hop, step, step_timeout_s(hop.span, shape[0], self.policy), t0)
+        hop.telemetry.pushed_steps += 1
+        return self._checked(hop, reply, shape)
+
+    def _checked(self, hop: _Hop, reply: Frame, shape: tuple[int, ...]) -> Hidden | Token:
+        last = hop.span.end == self.spec.n_layers
         if (last and isinstance(reply, Token)) or (
-            not last and isinstance(reply, Hidden) and reply.hidden.shape == x.shape
+            not last and isinstance(reply, Hidden) and reply.hidden.shape == shape
         ):
-            hop.pending_restore = 0
             return reply
         raise _HopFailed(
             hop.span, ProtocolError(f"peer {hop.peer_id[:12]}… answered a bad {type(reply).__name__}")
         )
 
     async def _exchange(self, hop: _Hop, frame: Frame, timeout_s: float) -> Frame:
+        """Send `frame` to the hop and return its answer (an Error raises _HopFailed)."""
         t0 = self._now()
+        if self._push_addrs is None:
+            try:
+                reply, sent, received = await hop.link.exchange(frame, timeout_s)
+            except SwarmError as e:
+                raise _HopFailed(hop.span, e) from e
+            hop.telemetry.bytes_sent += sent
+            hop.telemetry.bytes_received += received
+            return self._account(hop, reply, t0)
         try:
-            reply, sent, received = await hop.link.exchange(frame, timeout_s)
+            hop.telemetry.bytes_sent += await hop.link.send(frame, timeout_s)
         except SwarmError as e:
             raise _HopFailed(hop.span, e) from e
+        return await self._receive(hop, getattr(frame, "step", None), timeout_s, t0)
+
+    async def _receive(self, hop: _Hop, step: int | None, timeout_s: float, t0: float) -> Frame:
+        """The hop's next answer to `step` (None: to a frame without one, e.g. Chain), skipping
+        answers to steps this session has given up on; an Error raises _HopFailed."""
+        deadline = t0 + timeout_s
+        while True:
+            try:
+                reply, received = await hop.link.recv(max(0.0, deadline - self._now()))
+            except SwarmError as e:
+                raise _HopFailed(hop.span, e) from e
+            hop.telemetry.bytes_received += received
+            if not isinstance(reply, (Hidden, Token)) or reply.step == step:
+                return self._account(hop, reply, t0)
+
+    def _account(self, hop: _Hop, reply: Frame, t0: float) -> Frame:
         rtt_ms = (self._now() - t0) * 1000.0
         t = hop.telemetry
         t.steps += 1
-        t.bytes_sent += sent
-        t.bytes_received += received
         if isinstance(reply, Error):
             raise _HopFailed(hop.span, error_of(hop.peer_id, reply))
         compute_ms = getattr(reply, "compute_ms", 0.0)
         t.compute_ms += compute_ms
         t.network_ms += max(0.0, rtt_ms - compute_ms)
         return reply
+
+    async def _chain(self) -> None:
+        """Chain the current route for server push (see the module docstring), every hop at once.
+        Any failure leaves the route unchained: steps are relayed, and a broken hop fails over as
+        usual on its next step."""
+        self.chained = False
+        if self._push_addrs is None or len(self._hops) < 2:
+            return
+        hops = self._hops
+
+        def frame(i: int) -> Chain:
+            nxt = hops[i + 1] if i + 1 < len(hops) else None
+            addrs, direct = self._push_addrs(nxt.peer_id) if nxt else ((), ())
+            return Chain(
+                next_peer=nxt.peer_id if nxt else "",
+                next_session=nxt.session_id if nxt else b"",
+                next_addrs=addrs[:MAX_CHAIN_ADDRS],
+                next_direct=direct[:MAX_CHAIN_ADDRS],
+                prev_peer=hops[i - 1].peer_id if i else "",
+            )
+
+        results = await asyncio.gather(
+            *(self._exchange(h, frame(i), self.policy.open_timeout_s) for i, h in enumerate(hops)),
+            return_exceptions=True,
+        )
+        self.chained = all(isinstance(r, OpenOk) for r in results)
 
     # -- failover ----------------------------------------------------------------------------------
 
@@ -341,6 +445,7 @@ class RouteSession:
             self._hops = new
         hop.inputs.clear()  # after a rebuild, which replays the first hop's recorded rows
         self.telemetry.route = [h.telemetry for h in self._hops]
+        await self._chain()
         event.restored_tokens = min(h.base for h in new)
         event.replayed_tokens = self.pos - event.restored_tokens if rows is not None or rebuilt else 0
         event.replacements = [h.peer_id for h in new]
@@ -490,7 +595,7 @@ class RouteSession:
             raise _HopFailed(span, e) from e
         self._links.add(link)
         telemetry = HopTelemetry(peer_id=h.peer_id, start=h.start, end=h.end, transport=link.transport)
-        hop = _Hop(span, link, telemetry, [])
+        hop = _Hop(span, link, telemetry, [], session_id=frame.session_id)
         try:
             reply = await self._exchange(hop, frame, self.policy.open_timeout_s)
             if not isinstance(reply, OpenOk):

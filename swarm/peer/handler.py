@@ -22,12 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from swarm.errors import Busy, ExecutorError, ProtocolError, RequestError, SwarmError
+from swarm.errors import Busy, ExecutorError, PeerUnreachable, ProtocolError, RequestError, SwarmError
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.sessions import SessionSlot, SessionTable
 from swarm.p2p import StreamSession
@@ -37,6 +38,8 @@ from swarm.kv.prefix import owner_scoped
 from swarm.peer.snapshots import PrefixService
 from swarm.sampling import SamplingParams, sample
 from swarm.wire import (
+    Attach,
+    Chain,
     Close,
     Error,
     ErrorCode,
@@ -59,6 +62,10 @@ MAX_FORWARD_TOKENS = 2048
 in several frames, so one frame's compute stays bounded and its chunks queue fairly."""
 OPEN_TIMEOUT_S = 30.0
 """A new stream must send its Open frame within this many seconds."""
+PUSH_PROTOCOL = "/swarm/push/1"
+"""Protocol of a push stream: one peer sends a chained session's outputs to the next hop's peer."""
+ATTACH_WAIT_S = 10.0
+"""A push stream may wait this long for the Chain that names its sender."""
 
 
 @dataclass
@@ -100,6 +107,10 @@ class SpanRuntime:
     streams: set = field(default_factory=set)
     drain: Drain = field(default_factory=Drain)
     prefixes: PrefixService | None = None
+    dial: Callable[[str, tuple[str, ...], tuple[str, ...]], Awaitable[StreamSession]] | None = None
+    """Opens a PUSH_PROTOCOL stream to (peer id, multiaddrs, direct endpoints); None: no pushing."""
+    live: dict[bytes, "_Session"] = field(default_factory=dict)
+    """Open sessions by session id (push streams find theirs here)."""
     scheduler: StepScheduler = field(init=False)
 
     def __post_init__(self) -> None:
@@ -116,15 +127,47 @@ class SpanRuntime:
         return await self.scheduler.call(fn, *args)
 
 
+@dataclass(eq=False)
+class _Session:
+    """One open session on this span: its slot, its client's stream, and its place in a push chain.
+
+    `lock` is held around each frame's work, so frames from the client stream and pushed frames
+    (from the previous hop) run one at a time, in arrival order."""
+
+    slot: SessionSlot
+    sampling: SamplingParams
+    prefixes: _Prefixes
+    client: StreamSession
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    chained: asyncio.Condition = field(default_factory=asyncio.Condition)
+    """Notified when a Chain changes `prev_peer`."""
+    prev_peer: str = ""
+    """The peer whose pushed frames this session accepts (Chain.prev_peer)."""
+    push: asyncio.Task | None = None
+    """Opens (and then holds) the push stream to the next hop; None: the session pushes nowhere."""
+
+    async def end_push(self) -> None:
+        """Stop pushing: cancel the push stream's setup or close the stream."""
+        task, self.push = self.push, None
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await (await task).close()
+        except (asyncio.CancelledError, SwarmError):
+            pass
+
+
 async def handle_stream(rt: SpanRuntime, stream: StreamSession) -> None:
     """Serve one client stream until Close, disconnect, idle timeout or shutdown."""
     rt.streams.add(stream)
-    slot: SessionSlot | None = None
+    session: _Session | None = None
     try:
         opened = await _open(rt, stream)
         if opened is None:
             return
-        slot, sampling, prefixes = opened
+        session = _Session(*opened, client=stream)
+        rt.live[session.slot.session_id] = session
         while True:
             data = await stream.recv(rt.idle_timeout_s)  # idle past the timeout: PeerUnreachable ends it
             try:
@@ -134,17 +177,96 @@ async def handle_stream(rt: SpanRuntime, stream: StreamSession) -> None:
                 return
             if isinstance(frame, Close):
                 return
-            try:
-                reply = await _dispatch(rt, slot, sampling, frame, prefixes)
-            except (RequestError, ExecutorError) as e:
-                reply = Error(ErrorCode.BAD_REQUEST, str(e))
-            await stream.send(encode_frame(reply))
+            async with session.lock:
+                await _answer(rt, session, frame)
     finally:
         rt.streams.discard(stream)
-        if slot is not None:
-            seq_id = rt.sessions.release(slot.session_id)
-            await rt.run(rt.executor.clear, seq_id)
+        if session is not None:
+            rt.live.pop(session.slot.session_id, None)
+            await session.end_push()
+            async with session.lock:  # a pushed frame may be running on the session
+                seq_id = rt.sessions.release(session.slot.session_id)
+                await rt.run(rt.executor.clear, seq_id)
             rt.drain.session_ended(len(rt.sessions))
+
+
+async def handle_push(rt: SpanRuntime, stream: StreamSession) -> None:
+    """Serve one push stream from the previous hop of a chained session (see `Chain`).
+
+    The first frame is `Attach(session_id)`; it is accepted only when the session is open here and
+    its client named the stream's peer as `prev_peer`. Every later frame is a `Forward` with `push`,
+    run like one from the client; the answer goes to the client's stream. A pushed frame whose pos0
+    is not the session's position is stale (a step the client has since finished by relay) and is
+    dropped, unless it says `rewind`. The stream ends when the session ends or is chained anew.
+    """
+    data = await stream.recv(OPEN_TIMEOUT_S)
+    try:
+        frame = decode_frame(data)
+    except ProtocolError as e:
+        await _send_error(stream, ErrorCode.PROTOCOL, str(e))
+        return
+    if not isinstance(frame, Attach):
+        await _send_error(stream, ErrorCode.PROTOCOL, f"first frame must be attach, got {type(frame).__name__}")
+        return
+    session = rt.live.get(frame.session_id)
+    if session is None or not await _accepts(session, stream.remote_peer_id):
+        await _send_error(stream, ErrorCode.FORBIDDEN, "no session here accepts pushes from this peer")
+        return
+    await stream.send(encode_frame(OpenOk(reserved_tokens=session.slot.reserved_tokens)))
+    while True:
+        frame = decode_frame(await stream.recv(rt.idle_timeout_s))
+        if not isinstance(frame, Forward) or not frame.push:
+            raise ProtocolError(f"a push stream carries pushed forward frames, got {type(frame).__name__}")
+        if rt.live.get(session.slot.session_id) is not session or session.prev_peer != stream.remote_peer_id:
+            return
+        async with session.lock:
+            if frame.pos0 == session.slot.pos or (frame.rewind and frame.pos0 < session.slot.pos):
+                await _answer(rt, session, frame)
+            else:
+                logger.debug("stale pushed step %d at %d (session at %d) dropped",
+                             frame.step, frame.pos0, session.slot.pos)
+
+
+async def _accepts(session: _Session, peer_id: str) -> bool:
+    """Whether the session takes pushes from `peer_id`, waiting up to ATTACH_WAIT_S for the Chain
+    that says so (the client chains every hop at once: a push stream can arrive before it)."""
+    async with session.chained:
+        try:
+            async with asyncio.timeout(ATTACH_WAIT_S):
+                await session.chained.wait_for(lambda: session.prev_peer == peer_id)
+        except TimeoutError:
+            return False
+    return True
+
+
+async def _answer(rt: SpanRuntime, session: _Session, frame) -> None:
+    """Run one frame on the session (lock held) and answer the client; push onward when asked."""
+    try:
+        reply = await _dispatch(rt, session, frame)
+    except (RequestError, ExecutorError) as e:
+        reply = Error(ErrorCode.BAD_REQUEST, str(e))
+    if isinstance(reply, Hidden) and isinstance(frame, Forward) and frame.push:
+        reply = Hidden(reply.step, reply.hidden, reply.compute_ms,
+                       pushed=await _push(session, frame, reply.hidden))
+    try:
+        await session.client.send(encode_frame(reply))
+    except SwarmError:
+        pass  # the client is gone: its stream's handler ends the session
+
+
+async def _push(session: _Session, frame: Forward, out: np.ndarray) -> bool:
+    """Send the step's output to the next hop; False (and no more pushes) when that fails."""
+    if session.push is None:
+        return False
+    try:
+        stream = await session.push
+        await stream.send(encode_frame(Forward(step=frame.step, pos0=frame.pos0, hidden=out, push=True,
+                                               rewind=frame.rewind)))
+        return True
+    except SwarmError as e:
+        logger.info("push to the next hop failed, the client relays from now on: %s", e)
+        await session.end_push()
+        return False
 
 
 async def _open(
@@ -203,13 +325,16 @@ async def _open(
     return admission.slot, frame.sampling, prefixes
 
 
-async def _dispatch(rt: SpanRuntime, slot: SessionSlot, sampling: SamplingParams, frame, prefixes: _Prefixes):
+async def _dispatch(rt: SpanRuntime, session: _Session, frame):
+    slot, sampling, prefixes = session.slot, session.sampling, session.prefixes
     if isinstance(frame, Forward):
         if frame.restore:
             await _restore(rt, slot, frame.restore, prefixes)
         if frame.n_tokens > MAX_FORWARD_TOKENS:
             raise RequestError(f"a Forward frame carries at most {MAX_FORWARD_TOKENS} tokens, got "
                                f"{frame.n_tokens}: send the prompt in several frames")
+        if frame.rewind and frame.pos0 < slot.pos:
+            await _truncate(rt, slot, frame.pos0)
         rt.sessions.check_forward(slot, frame.pos0, frame.n_tokens)
         if frame.hidden.shape[1] != rt.executor.n_embd:
             raise RequestError(f"hidden size {frame.hidden.shape[1]} != span's {rt.executor.n_embd}")
@@ -227,14 +352,56 @@ async def _dispatch(rt: SpanRuntime, slot: SessionSlot, sampling: SamplingParams
                 rt.prefixes.keep(prefixes.offers, kv)
         return reply
     if isinstance(frame, Truncate):
-        if not 0 <= frame.pos <= slot.pos:
-            raise RequestError(f"truncate to {frame.pos}: the session holds positions 0..{slot.pos - 1}")
-        # the cache first: a recurrent state cannot roll back into a sequence (ArchRow.rollback_exact),
-        # and when the executor refuses, the table must still say where the cache is
-        await rt.run(rt.executor.truncate, slot.seq_id, frame.pos)
-        rt.sessions.truncate(slot, frame.pos)
+        await _truncate(rt, slot, frame.pos)
+        return OpenOk(reserved_tokens=slot.reserved_tokens)
+    if isinstance(frame, Chain):
+        await _chain(rt, session, frame)
         return OpenOk(reserved_tokens=slot.reserved_tokens)
     raise RequestError(f"unexpected {type(frame).__name__} frame in an open session")
+
+
+async def _truncate(rt: SpanRuntime, slot: SessionSlot, pos: int) -> None:
+    if not 0 <= pos <= slot.pos:
+        raise RequestError(f"truncate to {pos}: the session holds positions 0..{slot.pos - 1}")
+    # the cache first: a recurrent state cannot roll back into a sequence (ArchRow.rollback_exact),
+    # and when the executor refuses, the table must still say where the cache is
+    await rt.run(rt.executor.truncate, slot.seq_id, pos)
+    rt.sessions.truncate(slot, pos)
+
+
+async def _chain(rt: SpanRuntime, session: _Session, frame: Chain) -> None:
+    """Take the session's new place in a push chain: start opening the push stream to the next hop
+    (in the background: the first push waits for it) and accept pushes from `prev_peer` only."""
+    if frame.next_peer and rt.executor.is_last:
+        raise RequestError("the last span samples: it pushes to no next hop")
+    if frame.next_peer and rt.dial is None:
+        raise RequestError("this peer does not push to other peers")
+    await session.end_push()
+    if frame.next_peer:
+        session.push = asyncio.ensure_future(_connect_push(rt, frame))
+    async with session.chained:
+        session.prev_peer = frame.prev_peer
+        session.chained.notify_all()
+
+
+async def _connect_push(rt: SpanRuntime, chain: Chain) -> StreamSession:
+    """A push stream to the next hop of `chain`, attached to its session.
+
+    Raises:
+        PeerUnreachable: no stream, or the next hop refused the attach.
+        PeerTimeout: no answer within OPEN_TIMEOUT_S.
+    """
+    stream = await rt.dial(chain.next_peer, chain.next_addrs, chain.next_direct)
+    try:
+        await stream.send(encode_frame(Attach(chain.next_session)))
+        reply = decode_frame(await stream.recv(OPEN_TIMEOUT_S))
+    except BaseException:
+        await stream.close()
+        raise
+    if not isinstance(reply, OpenOk):
+        await stream.close()
+        raise PeerUnreachable(f"peer {chain.next_peer[:12]}… refused the push stream: {reply}")
+    return stream
 
 
 async def _restore(rt: SpanRuntime, slot: SessionSlot, n: int, prefixes: _Prefixes) -> None:

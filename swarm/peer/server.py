@@ -39,11 +39,11 @@ from swarm.kv.snapshot_store import SnapshotStore
 from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model
-from swarm.direct import DirectServer, direct_maddrs
+from swarm.direct import DirectServer, direct_maddrs, open_stream
 from swarm.netaddr import NetConfig, bt_hosts, check_net_config
 from swarm.peer.announce import Announcer, Throughput
 from swarm.kv.budget import SpanBudget, span_budget
-from swarm.peer.handler import SPAN_PROTOCOL, SpanRuntime, handle_stream
+from swarm.peer.handler import PUSH_PROTOCOL, SPAN_PROTOCOL, SpanRuntime, handle_push, handle_stream
 from swarm.peer.metrics import PeerMetrics
 from swarm.peer.scheduler import INLINE_MAX_MS, CostModel, exact_batch_cap
 from swarm.peer.rebalance import Rebalancer
@@ -56,6 +56,8 @@ from swarm.wire import MAX_LAYERS, Error, ErrorCode, encode_frame
 
 logger = logging.getLogger(__name__)
 
+PUSH_DIAL_TIMEOUT_S = 10.0
+"""Opening a push stream to the next hop gives up after this long (its pushes then go by the client)."""
 SHUTDOWN_STEP_S = 10.0
 """Each shutdown step (withdraw, DHT stop) gives up after this long, so a peer always exits."""
 
@@ -236,10 +238,13 @@ async def serve(
         if metrics is not None:
             metrics.serve(net.host, cfg.metrics_port)
             span_handler = metrics.wrap(span_handler)
+        push_handler = partial(handle_push, rt)
+        rt.dial = partial(_dial_push, dht.transport)
         await dht.transport.serve(SPAN_PROTOCOL, span_handler)
+        await dht.transport.serve(PUSH_PROTOCOL, push_handler)
         direct_addrs: tuple[str, ...] = ()
         if direct is not None:
-            await direct.open(dht.transport, {SPAN_PROTOCOL: span_handler})
+            await direct.open(dht.transport, {SPAN_PROTOCOL: span_handler, PUSH_PROTOCOL: push_handler})
             direct_addrs = direct_maddrs(bt_hosts(net, dht.visible_maddrs()), direct_port)
         if rt.prefixes is not None:
             await dht.transport.serve(
@@ -303,6 +308,12 @@ async def _fetch_span(cfg: ServeConfig, dht: SwarmDHT, artifacts: ArtifactSessio
     )
     await publication.store(dht)
     return path, publication
+
+
+async def _dial_push(transport, peer_id: str, addrs: tuple[str, ...], endpoints: tuple[str, ...]):
+    """A push stream to the next hop (swarm.peer.handler.Chain): direct when it can, else libp2p."""
+    stream, _ = await open_stream(transport, peer_id, addrs, endpoints, PUSH_PROTOCOL, PUSH_DIAL_TIMEOUT_S)
+    return stream
 
 
 def _prefix_service(

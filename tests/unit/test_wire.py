@@ -13,7 +13,10 @@ from swarm.wire import (
     MAX_FRAME_BYTES,
     MAX_HEADER_BYTES,
     MAX_MESSAGE_CHARS,
+    MAX_CHAIN_ADDRS,
     PROTOCOL_GENERATION,
+    Attach,
+    Chain,
     Close,
     Error,
     ErrorCode,
@@ -58,6 +61,12 @@ def _frames():
             logits=RNG.standard_normal((2, 100)).astype(np.float32),
         ),
         Truncate(pos=12),
+        Forward(step=9, pos0=131, hidden=H576, push=True, rewind=True),
+        Hidden(step=9, hidden=H576, compute_ms=1.0, pushed=True),
+        Chain(next_peer="12D3KooWnext", next_session=bytes(16), next_addrs=("/ip4/10.0.0.2/tcp/4001",),
+              next_direct=("/ip4/10.0.0.2/tcp/4002",), prev_peer="12D3KooWprev"),
+        Chain(),
+        Attach(session_id=bytes(range(16))),
         Close(),
     ]
 
@@ -79,7 +88,8 @@ def test_round_trip_preserves_every_field(frame):
 
 def test_size_line_decode_frame_is_4_n_embd_plus_small_header():
     body = encode_frame(Forward(step=123456, pos0=100_000, hidden=H576, sample=True))
-    assert 4 * 576 < len(body) <= 4 * 576 + 106  # generation 2 added 'restore' (9 B)
+    # generation 2 added 'restore' (9 B), generation 3 'push' and 'rewind' (15 B)
+    assert 4 * 576 < len(body) <= 4 * 576 + 111
 
 
 def test_decoded_tensor_is_a_readonly_view_without_copy():
@@ -110,6 +120,8 @@ def _fwd_header(**over):
         "want_logits": False,
         "all_logits": False,
         "restore": 0,
+        "push": False,
+        "rewind": False,
         "dtype": "f32",
         "shape": [1, 4],
     }
@@ -253,6 +265,25 @@ def _open_header(**over):
 def test_open_validation(over, match):
     with pytest.raises(ProtocolError, match=match):
         decode_frame(_raw(_open_header(**over)))
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: Chain(next_peer="p", next_session=b""), "next_session"),
+        (lambda: Chain(next_session=bytes(16)), "next_session"),
+        (lambda: Chain(next_peer="p", next_session=bytes(16), next_addrs=("/a",) * (MAX_CHAIN_ADDRS + 1)),
+         "next_addrs"),
+        (lambda: Chain(next_peer="p", next_session=bytes(16), next_direct=("x" * 257,)), "next_direct"),
+        (lambda: Chain(prev_peer="p" * 129), "prev_peer"),
+        (lambda: Attach(session_id=bytes(15)), "session_id"),
+        (lambda: Forward(step=0, pos0=4, hidden=H576, restore=4, rewind=True), "exclude"),
+        (lambda: Forward(step=0, pos0=0, hidden=H576, push=1), "push"),
+    ],
+)
+def test_push_frames_validate(make, match):
+    with pytest.raises(ProtocolError, match=match):
+        make()
 
 
 def test_oversized_frame_is_refused_without_parsing():
