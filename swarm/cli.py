@@ -142,6 +142,7 @@ def _parser() -> argparse.ArgumentParser:
         help="disk for prefix snapshots evicted from memory, under the data dir (default 0: none)",
     )
     s.add_argument("--debug-tamper-snapshots", default=None, help=argparse.SUPPRESS)
+    s.add_argument("--debug-die-after-pushes", type=int, default=0, help=argparse.SUPPRESS)
     s.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on --host:PORT")
     direct = s.add_mutually_exclusive_group()
     direct.add_argument(
@@ -315,6 +316,7 @@ def _serve(args) -> None:
             prefix_cache_bytes=args.prefix_cache_bytes,
             prefix_disk_bytes=args.prefix_disk_bytes,
             debug_tamper_snapshots=args.debug_tamper_snapshots,
+            debug_die_after_pushes=args.debug_die_after_pushes,
             metrics_port=args.metrics_port,
             direct_port=None if args.no_direct else args.direct_port,
             **({} if args.inline_max_ms is None else {"inline_max_ms": args.inline_max_ms}),

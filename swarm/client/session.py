@@ -371,6 +371,7 @@ class RouteSession:
             hop.telemetry.bytes_received += received
             if not isinstance(reply, (Hidden, Token)) or reply.step == step:
                 return self._account(hop, reply, t0)
+            hop.telemetry.skipped_replies += 1
 
     def _account(self, hop: _Hop, reply: Frame, t0: float) -> Frame:
         rtt_ms = (self._now() - t0) * 1000.0

@@ -26,6 +26,8 @@ class HopTelemetry:
             (through the p2pd daemons) or "sim".
         pushed_steps: steps whose input the previous hop's peer pushed straight to this hop (server
             push: the client only read the answer).
+        skipped_replies: answers to steps the client had given up on (a push that raced a failover
+            upstream), read and dropped.
     """
 
     peer_id: str
@@ -40,6 +42,7 @@ class HopTelemetry:
     fetched_from: str = ""
     transport: str = ""
     pushed_steps: int = 0
+    skipped_replies: int = 0
 
 
 @dataclass

@@ -64,7 +64,7 @@ OPEN_TIMEOUT_S = 30.0
 """A new stream must send its Open frame within this many seconds."""
 PUSH_PROTOCOL = "/swarm/push/1"
 """Protocol of a push stream: one peer sends a chained session's outputs to the next hop's peer."""
-ATTACH_WAIT_S = 10.0
+ATTACH_WAIT_S = 5.0
 """A push stream may wait this long for the Chain that names its sender."""
 
 
@@ -111,6 +111,8 @@ class SpanRuntime:
     """Opens a PUSH_PROTOCOL stream to (peer id, multiaddrs, direct endpoints); None: no pushing."""
     live: dict[bytes, "_Session"] = field(default_factory=dict)
     """Open sessions by session id (push streams find theirs here)."""
+    after_push: Callable[[], None] | None = None
+    """Test hook: called after each push, before the client's copy is sent."""
     scheduler: StepScheduler = field(init=False)
 
     def __post_init__(self) -> None:
@@ -247,14 +249,14 @@ async def _answer(rt: SpanRuntime, session: _Session, frame) -> None:
         reply = Error(ErrorCode.BAD_REQUEST, str(e))
     if isinstance(reply, Hidden) and isinstance(frame, Forward) and frame.push:
         reply = Hidden(reply.step, reply.hidden, reply.compute_ms,
-                       pushed=await _push(session, frame, reply.hidden))
+                       pushed=await _push(rt, session, frame, reply.hidden))
     try:
         await session.client.send(encode_frame(reply))
     except SwarmError:
         pass  # the client is gone: its stream's handler ends the session
 
 
-async def _push(session: _Session, frame: Forward, out: np.ndarray) -> bool:
+async def _push(rt: SpanRuntime, session: _Session, frame: Forward, out: np.ndarray) -> bool:
     """Send the step's output to the next hop; False (and no more pushes) when that fails."""
     if session.push is None:
         return False
@@ -262,6 +264,8 @@ async def _push(session: _Session, frame: Forward, out: np.ndarray) -> bool:
         stream = await session.push
         await stream.send(encode_frame(Forward(step=frame.step, pos0=frame.pos0, hidden=out, push=True,
                                                rewind=frame.rewind)))
+        if rt.after_push is not None:
+            rt.after_push()
         return True
     except SwarmError as e:
         logger.info("push to the next hop failed, the client relays from now on: %s", e)

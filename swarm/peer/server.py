@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import signal
 import sys
 import time
@@ -37,6 +38,7 @@ from swarm.kv.sessions import SessionTable
 from swarm.kv.snapshot import local_format
 from swarm.kv.snapshot_store import SnapshotStore
 from swarm.limits import MAX_CONTEXT_TOKENS
+from swarm.localswarm import descendants
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model
 from swarm.direct import DirectServer, direct_maddrs, open_stream
@@ -91,6 +93,8 @@ class ServeConfig:
         prefix_disk_bytes: disk budget for snapshots evicted from memory (0: no disk tier); files
             live in <data dir>/snapshots/.
         debug_tamper_snapshots: test hook: damage served snapshots this way (swarm.peer.snapshots.TAMPERS).
+        debug_die_after_pushes: test hook: after this many pushes (0: never) the whole peer dies at
+            once, as under kill -9, between pushing a step and answering its client.
         metrics_port: serve Prometheus metrics on host:metrics_port (`swarm.peer.metrics`); None: don't.
         direct_port: TCP port on `host` for direct span streams from clients (`swarm.direct`; 0: any
             free port); None: offer none (clients then use libp2p streams).
@@ -115,6 +119,7 @@ class ServeConfig:
     prefix_cache_bytes: int = 256 << 20
     prefix_disk_bytes: int = 0
     debug_tamper_snapshots: str | None = None
+    debug_die_after_pushes: int = 0
     bt_port: int = 0
     public_address: str | None = None
     metrics_port: int | None = None
@@ -240,6 +245,8 @@ async def serve(
             span_handler = metrics.wrap(span_handler)
         push_handler = partial(handle_push, rt)
         rt.dial = partial(_dial_push, dht.transport)
+        if cfg.debug_die_after_pushes:
+            rt.after_push = partial(_die_after, [cfg.debug_die_after_pushes])
         await dht.transport.serve(SPAN_PROTOCOL, span_handler)
         await dht.transport.serve(PUSH_PROTOCOL, push_handler)
         direct_addrs: tuple[str, ...] = ()
@@ -308,6 +315,15 @@ async def _fetch_span(cfg: ServeConfig, dht: SwarmDHT, artifacts: ArtifactSessio
     )
     await publication.store(dht)
     return path, publication
+
+
+def _die_after(left: list[int]) -> None:
+    """Test hook: count a push down; at zero kill this peer's whole process tree (its DHT process
+    and p2pd daemons too), as a machine that dies does."""
+    left[0] -= 1
+    if left[0] == 0:
+        for pid in [*descendants(os.getpid()), os.getpid()]:
+            os.kill(pid, signal.SIGKILL)
 
 
 async def _dial_push(transport, peer_id: str, addrs: tuple[str, ...], endpoints: tuple[str, ...]):
