@@ -1,18 +1,21 @@
-"""Per-hop cost of a 3-peer loopback swarm, side by side in one run: stream kind, inline threshold, pinning.
+"""Per-hop cost of a 3-peer loopback swarm, side by side in one run: relay vs server push, stream
+kind, and (with --all) inline threshold and pinning.
 
 Same model, prompt and steps for every setting (1 thread per peer, greedy, ~128-token prompt):
-  whole        llama.cpp's whole model in this process (llama_cpp.Llama), 1 thread: the oracle speed;
-  libp2p/2ms   streams through the p2pd daemons, units under 2 ms inline (the tree before direct streams);
-  libp2p/10ms  the same streams, the current inline threshold (swarm.peer.scheduler.INLINE_MAX_MS);
-  direct/2ms   direct TCP streams (swarm.direct), the old threshold;
-  direct/10ms  both: the defaults now;
-  direct/10ms/pinned  the defaults, each peer process's threads pinned to one core (taskset -a),
-               the cores dealt round-robin (item 5 of issue 11: do co-located peers fight?).
+  whole               llama.cpp's whole model in this process (llama_cpp.Llama), 1 thread: the oracle;
+  libp2p/relay        streams through the p2pd daemons, the client relays every hop's output;
+  direct/relay        direct TCP streams (swarm.direct), relayed by the client;
+  libp2p/push         server push (swarm/client/session.py): each peer pushes its output to the next;
+  direct/push         both: the defaults now.
+  With --all also, on peers started with the older 2 ms inline threshold (--inline-max-ms) and on
+  peers pinned one core each, round-robin (taskset -a): direct/relay/2ms, libp2p/relay/2ms,
+  direct/push/pinned.
 Per-hop overhead = (client's step time - the hops' reported compute) / hops, p50 (bench_swarm.py's
-measure). The client and peer processes are the same for both stream kinds: the client switches with
-`RemoteEngine.transport.direct`, the peers offer both. Prints one JSON object.
+measure). The client and peer processes are the same for every client setting: the client switches
+with `RemoteEngine.transport.direct` and `RemoteEngine.push`, the peers offer all. Prints one JSON
+object.
 
-    .venv/bin/python scripts/bench_hops.py [--model smollm2-135m] [--decode 64] [--repeats 2]
+    .venv/bin/python scripts/bench_hops.py [--model smollm2-135m] [--decode 64] [--repeats 2] [--all]
 """
 
 from __future__ import annotations
@@ -58,10 +61,13 @@ def start(root: Path, path: Path, n_layers: int, inline_ms: float, pin: bool) ->
     return ps
 
 
-def measure(path: Path, prompt: str, n_decode: int, ps: PeerSet, direct: bool, repeats: int) -> dict:
-    """Best of `repeats` generations (by decode tokens/s) through `ps`, direct streams or libp2p."""
+def measure(path: Path, prompt: str, n_decode: int, ps: PeerSet, direct: bool, push: bool,
+            repeats: int) -> dict:
+    """Best of `repeats` generations (by decode tokens/s) through `ps`: direct streams or libp2p,
+    server push or relay."""
     with Client(str(path), initial_peers=ps.started[0].maddrs) as client:
-        client._engine.transport.direct = direct  # noqa: SLF001 - the engine's documented switch
+        client._engine.transport.direct = direct  # noqa: SLF001 - the engine's documented switches
+        client._engine.push = push  # noqa: SLF001
         client.generate(prompt[:40], max_new_tokens=4)  # warm-up: probes, streams, cost model
         runs = [bs._swarm_run(client, prompt, n_decode) for _ in range(repeats)]  # noqa: SLF001
     return max(runs, key=lambda r: r["decode_tok_s"])
@@ -72,6 +78,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--all", action="store_true", help="also the 2 ms inline threshold and pinned peers")
     args = ap.parse_args()
     path = resolve_model(args.model)
     n_layers = build_manifest(path).n_layers
@@ -82,14 +89,18 @@ def main() -> None:
     whole = bs.bench_whole(path, prompt, args.decode, 1, args.repeats)
     out["whole"] = whole
     settings = {}
+    both = [(d, p) for p in (False, True) for d in (False, True)]
+    peer_sets = [(10.0, False, both)]
+    if args.all:
+        peer_sets += [(2.0, False, [(False, False), (True, False)]), (10.0, True, [(True, True)])]
     with tempfile.TemporaryDirectory(prefix="bench-hops-") as tmp:
-        for i, (inline_ms, pin) in enumerate([(2.0, False), (10.0, False), (10.0, True)]):
+        for i, (inline_ms, pin, clients) in enumerate(peer_sets):
             ps = start(Path(tmp) / f"s{i}", path, n_layers, inline_ms, pin)
             try:
-                kinds = (True,) if pin else (False, True)
-                for direct in kinds:
-                    name = f"{'direct' if direct else 'libp2p'}/{inline_ms:g}ms" + ("/pinned" if pin else "")
-                    settings[name] = measure(path, prompt, args.decode, ps, direct, args.repeats)
+                for direct, push in clients:
+                    name = f"{'direct' if direct else 'libp2p'}/{'push' if push else 'relay'}" + (
+                        "/pinned" if pin else "" if inline_ms == 10.0 else f"/{inline_ms:g}ms")
+                    settings[name] = measure(path, prompt, args.decode, ps, direct, push, args.repeats)
             finally:
                 ps.stop_all()
     out["swarm"] = settings

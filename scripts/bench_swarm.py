@@ -162,6 +162,7 @@ def _swarm_run(client: Client, prompt: str, n_decode: int) -> dict:
         "decode_tok_s": round(tel.decode_tokens_per_s, 2),
         "hops": [[h.start, h.end] for h in tel.route],
         "transports": [h.transport for h in tel.route],
+        "pushed_steps": [h.pushed_steps for h in tel.route],
         "step_ms_p50": pct(steps, 50),
         "step_ms_p90": pct(steps, 90),
         "overhead_per_step_ms_p50": pct(overhead, 50),

@@ -9,6 +9,16 @@ import pytest
 from swarm.models import resolve_model
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_span_cache(tmp_path_factory):
+    """Every peer process of the session slices each (model, span) once: they share one span cache
+    (`SWARM_SPAN_CACHE`), as peers on one machine may."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SWARM_SPAN_CACHE", str(tmp_path_factory.mktemp("shared_spans")))
+    yield
+    mp.undo()
+
+
 def _model(name: str) -> Path:
     return resolve_model(name, fetch=True)
 

@@ -252,7 +252,7 @@ class P2PLink:
         except PeerUnreachable:
             # A peer that leaves says why (SHUTTING_DOWN) before hanging up: report that, not "broken".
             said = await self._stream.last_words()
-            if said is not None and isinstance(reply := decode_frame(said), Error):
+            if said is not None and isinstance(decode_frame(said), Error):
                 self._said = said
                 return len(data) + 4
             raise

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from swarm.errors import ModelError
@@ -43,13 +43,20 @@ class TensorEntry:
     offset: int
 
 
+SMALL_ARRAY_LEN = 4096
+"""Numeric arrays up to this many elements are read (per-layer hparams); longer ones (tokenizer
+scores and types) are only measured."""
+
+
 @dataclass(frozen=True)
 class GGUFHeader:
-    """Scalars (ints, floats, bools, strings) by key; arrays are reported by length only."""
+    """Scalars (ints, floats, bools, strings) by key; every array's length, and the values of the
+    numeric ones of at most SMALL_ARRAY_LEN elements (`small_arrays`, as lists)."""
 
     scalars: dict[str, object]
     array_lengths: dict[str, int]
     tensors: dict[str, TensorEntry]
+    small_arrays: dict[str, list] = field(default_factory=dict)
 
 
 def scan(path: Path) -> GGUFHeader:
@@ -84,6 +91,7 @@ def _parse(m: mmap.mmap) -> GGUFHeader:
     pos = 24
     scalars: dict[str, object] = {}
     arrays: dict[str, int] = {}
+    small: dict[str, list] = {}
     for _ in range(n_kv):
         key, pos = _string(m, pos)
         (vtype,), pos = struct.unpack_from("<I", m, pos), pos + 4
@@ -92,6 +100,9 @@ def _parse(m: mmap.mmap) -> GGUFHeader:
             if length > MAX_GGUF_ARRAY_LEN:
                 raise ValueError(f"array {key[:64]!r} of {length} elements: over {MAX_GGUF_ARRAY_LEN}")
             arrays[key] = length
+            if sub in _SCALAR_FMT and length <= SMALL_ARRAY_LEN:
+                fmt = f"<{length}{_SCALAR_FMT[sub]}"
+                small[key] = list(struct.unpack_from(fmt, m, pos))
             pos = _skip_array(m, pos, sub, length)
         else:
             scalars[key], pos = _value(m, pos, vtype)
@@ -113,7 +124,7 @@ def _parse(m: mmap.mmap) -> GGUFHeader:
     data_start = (pos + align - 1) // align * align
     for name, ggml_type, dims, offset in raw:
         tensors[name] = TensorEntry(ggml_type=ggml_type, dims=tuple(dims), offset=data_start + offset)
-    return GGUFHeader(scalars=scalars, array_lengths=arrays, tensors=tensors)
+    return GGUFHeader(scalars=scalars, array_lengths=arrays, tensors=tensors, small_arrays=small)
 
 
 def _string(m: mmap.mmap, pos: int) -> tuple[str, int]:

@@ -30,7 +30,7 @@ from gguf.gguf_reader import ReaderField
 from swarm.arch import ArchRow, LayerTable, SwaPattern, arch_row, servable_row
 from swarm.errors import ModelError
 from swarm import span_rules
-from swarm.ggml_bridge.gguf_header import scan
+from swarm.ggml_bridge.gguf_header import GGUFHeader, scan
 
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 _HEAD_TENSORS = ("output.weight", "output.bias")
@@ -41,7 +41,12 @@ SPAN_N_LAYERS_KEY = "swarm.span.n_layers"
 
 
 def default_cache_dir() -> Path:
-    """Where span files are cached: `$SWARM_HOME/spans`, else `~/.cache/swarm/spans`."""
+    """Where span files are cached: `$SWARM_SPAN_CACHE`, else `$SWARM_HOME/spans`, else
+    `~/.cache/swarm/spans`. Several peers may share one (files are written atomically, named by
+    model id and span)."""
+    shared = os.environ.get("SWARM_SPAN_CACHE")
+    if shared:
+        return Path(shared).expanduser()
     home = os.environ.get("SWARM_HOME")
     if home:
         return Path(home).expanduser() / "spans"
@@ -82,18 +87,16 @@ def legal_starts(model_path: Path) -> list[int]:
         ModelError: unreadable GGUF; UnsupportedArchitecture: no row.
     """
     arch, n_layers = read_span_layers(model_path)
-    return span_rules.legal_starts(arch_row(arch), arch_metadata(_open(model_path), arch), n_layers)
+    return span_rules.legal_starts(arch_row(arch), arch_metadata(scan(model_path), arch), n_layers)
 
 
-def arch_metadata(reader: GGUFReader, arch: str) -> dict[str, Any]:
-    """The `<arch>.*` metadata of a GGUF, key → value (arrays as lists): what `swarm.span_rules` reads."""
+def arch_metadata(header: GGUFHeader, arch: str) -> dict[str, Any]:
+    """The `<arch>.*` metadata of a GGUF, key → value (numeric arrays of at most SMALL_ARRAY_LEN
+    elements as lists; longer ones and string arrays left out): what `swarm.span_rules` reads.
+    From the fast header scan: `gguf.GGUFReader` takes seconds on a large vocabulary."""
     prefix = f"{arch}."
-    meta: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith(prefix):
-            value = field.contents()
-            meta[key] = list(value) if field.types and field.types[0] == GGUFValueType.ARRAY else value
-    return meta
+    fields = {**header.scalars, **header.small_arrays}
+    return {k: v for k, v in fields.items() if k.startswith(prefix)}
 
 
 def build_span(model_path: Path, start: int, end: int, cache_dir: Path | None = None,
@@ -132,7 +135,8 @@ def build_span(model_path: Path, start: int, end: int, cache_dir: Path | None = 
     try:
         writer = GGUFWriter(tmp, arch)
         is_last = end == n_layers
-        _copy_metadata(reader, writer, row, start, end, n_layers, is_last)
+        meta = arch_metadata(scan(model_path), arch)
+        _copy_metadata(reader, writer, row, start, end, n_layers, is_last, meta)
         _copy_tensors(reader, writer, start, end, is_last)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -152,13 +156,14 @@ def _refuse_span(model_path: Path, row: ArchRow, start: int, end: int, n_layers:
         ModelError: the GGUF carries multi-token-prediction blocks.
     """
     arch = row.name
-    scalars = scan(model_path).scalars
+    header = scan(model_path)
+    scalars = header.scalars
     if row.mtp_layers_key is not None and scalars.get(f"{arch}.{row.mtp_layers_key}", 0):
         # llama.cpp counts multi-token-prediction blocks in <arch>.block_count (stored after the last
         # layer); the manifest and routes would take them for layers
         raise ModelError(f"{model_path}: the GGUF carries multi-token-prediction blocks "
                          f"({arch}.{row.mtp_layers_key} > 0); serve a trunk-only conversion")
-    why = span_rules.span_refusal(row, arch_metadata(_open(model_path), arch), start, end, n_layers)
+    why = span_rules.span_refusal(row, arch_metadata(header, arch), start, end, n_layers)
     if why is not None:
         raise ValueError(why)
 
@@ -171,13 +176,13 @@ def _open(path: Path) -> GGUFReader:
 
 
 def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: int, end: int,
-                   n_layers: int, is_last: bool) -> None:
+                   n_layers: int, is_last: bool, meta: dict[str, Any]) -> None:
     arch = row.name
     prefix = f"{arch}."
     per_layer = {prefix + k for k in row.per_layer_keys}
     leading = {prefix + k for k in row.leading_count_keys}
     dropped = {prefix + row.mtp_layers_key} if row.mtp_layers_key else set()  # always 0 here
-    no_window = _windows_unused(reader, row, start, end, n_layers)
+    no_window = _windows_unused(reader, meta, row, start, end, n_layers)
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture" or key in dropped:
             continue
@@ -223,10 +228,10 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: 
     writer.add_uint32(SPAN_N_LAYERS_KEY, n_layers)
 
 
-def _windows_unused(reader: GGUFReader, row: ArchRow, start: int, end: int, n_layers: int) -> set[str]:
+def _windows_unused(reader: GGUFReader, meta: dict[str, Any], row: ArchRow, start: int, end: int,
+                    n_layers: int) -> set[str]:
     """Window keys (`<arch>.<window_key_suffix>`) of patterns none of whose span layers is flagged."""
     out = set()
-    meta = arch_metadata(reader, row.name)
     for pat in (row.swa_pattern, *row.derived_layer_keys):
         if not isinstance(pat, SwaPattern) or pat.window_key_suffix is None:
             continue

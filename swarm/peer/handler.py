@@ -1,4 +1,5 @@
-"""One client stream on a peer: the session loop of the span protocol (swarm/wire.py).
+"""One client stream on a peer: the session loop of the span protocol (swarm/wire.py), and the push
+streams that feed a chained session from the previous hop's peer.
 
 A stream carries one session from `Open` to `Close`: the handler admits it into the span's
 `SessionTable`, then answers each `Forward` with `Hidden` (or `Token` on the last span, which
@@ -15,6 +16,14 @@ Prefix snapshots (swarm/peer/snapshots.py): an `Open` may offer prefix hashes; t
 which lengths it can restore (`OpenOk.restorable`). A first `Forward` with `restore` imports the
 snapshot into the session's sequence and truncates it to that length before computing its rows;
 a prefill that reaches the whole offered prompt is exported and kept as a new snapshot.
+
+Server push: a `Chain` frame names the next hop (peer, session, addresses) and the previous hop's
+peer. The handler then opens a PUSH_PROTOCOL stream to the next hop in the background (`Attach` names
+the session there); a `Forward` with `push` is run, its output sent on that stream as a pushed
+Forward, and the client answered with a copy (`Hidden.pushed`). `handle_push` serves the receiving
+end: only the named previous peer may attach, a pushed frame at a position the session has passed is
+dropped as stale (unless it says `rewind`), and answers go to the client's stream. Each session's
+frames, from either stream, run one at a time under its lock.
 """
 
 from __future__ import annotations
@@ -208,7 +217,8 @@ async def handle_push(rt: SpanRuntime, stream: StreamSession) -> None:
         await _send_error(stream, ErrorCode.PROTOCOL, str(e))
         return
     if not isinstance(frame, Attach):
-        await _send_error(stream, ErrorCode.PROTOCOL, f"first frame must be attach, got {type(frame).__name__}")
+        await _send_error(stream, ErrorCode.PROTOCOL,
+                          f"first frame must be attach, got {type(frame).__name__}")
         return
     session = rt.live.get(frame.session_id)
     if session is None or not await _accepts(session, stream.remote_peer_id):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
 from swarm.arch import arch_row, supported_architectures
@@ -15,7 +15,7 @@ from swarm.errors import ExecutorError, UnsupportedArchitecture
 from swarm.errors import ModelError
 from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.ggml_bridge.gguf_header import scan
-from swarm.ggml_bridge.slicing import build_span, read_span_layers
+from swarm.ggml_bridge.slicing import arch_metadata, build_span, default_cache_dir, read_span_layers
 from swarm.models import resolve_model
 
 
@@ -145,3 +145,30 @@ def test_header_scan_matches_gguf_reader(tmp_path):
         scan(cut)
     with pytest.raises(ModelError):
         TokenEmbedder(cut)
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"])
+def test_arch_metadata_from_the_header_scan_equals_gguf_reader(name):
+    """The fast scan gives span_rules the same `<arch>.*` values as gguf's reader (scalars, and
+    numeric arrays up to 4,096 elements)."""
+    path = resolve_model(name)
+    reader = GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+    want = {}
+    for key, field in reader.fields.items():
+        if not key.startswith(f"{arch}."):
+            continue
+        if field.types[0] != GGUFValueType.ARRAY:
+            want[key] = field.contents()
+        elif field.types[1] != GGUFValueType.STRING and len(field.data) <= 4096:
+            want[key] = list(field.contents())
+    got = arch_metadata(scan(path), arch)
+    assert got == want and f"{arch}.block_count" in got
+
+
+def test_span_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SWARM_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SWARM_SPAN_CACHE", raising=False)
+    assert default_cache_dir() == tmp_path / "home" / "spans"
+    monkeypatch.setenv("SWARM_SPAN_CACHE", str(tmp_path / "shared"))
+    assert default_cache_dir() == tmp_path / "shared"

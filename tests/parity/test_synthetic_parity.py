@@ -16,6 +16,7 @@ import pytest
 
 from swarm.arch import arch_row, servable_row
 from swarm.ggml_bridge.embed import TokenEmbedder
+from swarm.ggml_bridge.gguf_header import scan
 from swarm.ggml_bridge.slicing import arch_metadata, build_span, legal_starts
 from swarm.kv.budget import SpanBudget
 from swarm.manifest import build_manifest
@@ -255,7 +256,7 @@ def test_synthetic_split_rules_read_from_the_manifest_match_the_file(arch, synth
     path = synthetic_model(arch)
     manifest = build_manifest(path)
     row, n = arch_row(arch), manifest.n_layers
-    file_meta = arch_metadata(GGUFReader(path), arch)
+    file_meta = arch_metadata(scan(path), arch)
     spans = [(s, e) for s in range(n) for e in range(s + 1, n + 1)]
     assert [span_refusal(row, manifest.hparams, s, e, n) for s, e in spans] == [
         span_refusal(row, file_meta, s, e, n) for s, e in spans
