@@ -44,6 +44,9 @@ class SamplingParams:
         top_k: keep the k most likely tokens; 0 (or any k >= n_vocab) keeps every token.
         seed: 0..2**64-1; with the position it seeds the draw.
         n_top_logprobs: 0..MAX_TOP_LOGPROBS highest log-probs to return per token.
+        logprobs: also return the sampled token's log-prob. It costs a log-softmax over the whole
+            vocabulary on every token (~0.6 ms at 152k tokens on one core of the reference machine,
+            docs/benchmarks.md), so it is computed only when asked (or when n_top_logprobs > 0).
     Raises:
         RequestError: a field has the wrong type or is out of range.
     """
@@ -53,6 +56,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int = 0
     n_top_logprobs: int = 0
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         if not _is_real(self.temperature) or self.temperature < 0:
@@ -67,6 +71,8 @@ class SamplingParams:
             raise RequestError(
                 f"n_top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.n_top_logprobs!r}"
             )
+        if not isinstance(self.logprobs, bool):
+            raise RequestError(f"logprobs must be a boolean, got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:
@@ -80,12 +86,13 @@ class SampleResult:
 
     Attributes:
         token: the chosen token id.
-        logprob: natural-log probability of `token` under the raw logits (log_softmax, no filters).
+        logprob: natural-log probability of `token` under the raw logits (log_softmax, no filters);
+            None unless the params asked for log-probs.
         top: up to n_top_logprobs (token id, logprob) pairs, most likely first, ties → lowest id.
     """
 
     token: int
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[int, float], ...]
 
 
@@ -190,7 +197,7 @@ def sample(logits: np.ndarray, params: SamplingParams, position: int) -> SampleR
         params: sampling parameters.
         position: 0-based position in the session of the token being produced; seeds the draw.
     Returns:
-        SampleResult: token id, its log-prob under the raw logits, top log-probs.
+        SampleResult: token id, its log-prob under the raw logits (when asked), top log-probs.
     Raises:
         RequestError: logits malformed (not 1-D, empty, NaN, +inf, all -inf) or position < 0.
     """
@@ -204,6 +211,8 @@ def sample(logits: np.ndarray, params: SamplingParams, position: int) -> SampleR
         u = np.random.default_rng([params.seed, position]).random()
         i = int(np.searchsorted(np.cumsum(probs), u * probs.sum(), side="right"))
         token = int(ids[min(i, ids.size - 1)])
+    if not (params.logprobs or params.n_top_logprobs):
+        return SampleResult(token=token, logprob=None, top=())
     lse = _logsumexp(logits)
     top: tuple[tuple[int, float], ...] = ()
     if params.n_top_logprobs:

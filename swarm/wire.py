@@ -44,7 +44,8 @@ PROTOCOL_GENERATION = 3
 """Version of every frame below; a peer refuses frames of any other generation.
 
 2: prefix KV snapshots (`Open.prefixes`, `OpenOk.restorable` / `fetched_from`, `Forward.restore`).
-3: server push (`Chain`, `Attach`, `Forward.push` / `rewind`, `Hidden.pushed`)."""
+3: server push (`Chain`, `Attach`, `Forward.push` / `rewind`, `Hidden.pushed`); `Token.logprob` only
+   when asked (`SamplingParams.logprobs`)."""
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest frame body accepted (header + tensor); clients chunk bigger prefills."""
@@ -297,7 +298,8 @@ class Token:
     Attributes:
         step: the step of the `Forward` this answers.
         token: sampled token id.
-        logprob: its natural-log probability (<= 0, may be -inf).
+        logprob: its natural-log probability (<= 0, may be -inf); None unless the session's sampling
+            asked for log-probs (`SamplingParams.logprobs` or `n_top_logprobs`).
         top: up to MAX_TOP_LOGPROBS (token id, logprob) pairs.
         compute_ms: span compute time in ms.
         logits: `[rows, n_vocab]` float32 when the client asked (want_logits), else None.
@@ -305,7 +307,7 @@ class Token:
 
     step: int
     token: int
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[int, float], ...]
     compute_ms: float
     logits: np.ndarray | None = None
@@ -313,7 +315,8 @@ class Token:
     def __post_init__(self) -> None:
         _int("step", self.step, 0, _U64)
         _int("token", self.token, 0, MAX_VOCAB - 1)
-        _float("logprob", self.logprob, -math.inf, 0.0)
+        if self.logprob is not None:
+            _float("logprob", self.logprob, -math.inf, 0.0)
         if not isinstance(self.top, tuple) or len(self.top) > MAX_TOP_LOGPROBS:
             raise ProtocolError(f"field 'top' must be a tuple of at most {MAX_TOP_LOGPROBS} pairs")
         for pair in self.top:
@@ -425,7 +428,7 @@ _FIELDS: dict[str, frozenset[str]] = {
     "attach": frozenset({"session_id"}),
     "close": frozenset(),
 }
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "n_top_logprobs")
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "n_top_logprobs", "logprobs")
 
 
 # ---- encode ---------------------------------------------------------------------------------------

@@ -37,10 +37,11 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class StepResult:
-    """A sampled token: id, its log-probability, and the top alternatives [(id, logprob)]."""
+    """A sampled token: id, its log-probability (None unless asked), and the top alternatives
+    [(id, logprob)]."""
 
     token: int
-    logprob: float = 0.0
+    logprob: float | None = None
     top: tuple[tuple[int, float], ...] = ()
 
 

@@ -1,5 +1,6 @@
 """swarm.sampling: greedy, filters, seeded per-position draws, log-probs."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -29,6 +30,15 @@ def test_logprob_and_top_are_log_softmax_of_raw_logits():
     assert [lp for _, lp in r.top] == pytest.approx([v - math.log(Z) for v in (2.0, 1.0, 0.0)], abs=1e-6)
     tie = sample(np.array([1.0, 3.0, 3.0, 1.0], np.float32), SamplingParams(n_top_logprobs=4), 0)
     assert [i for i, _ in tie.top] == [1, 2, 0, 3]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=3)])
+def test_logprob_only_when_asked_and_the_same_token_either_way(params):
+    plain = sample(LOGITS, params, 5)
+    asked = sample(LOGITS, dataclasses.replace(params, logprobs=True), 5)
+    assert plain.logprob is None and plain.top == ()
+    assert asked.token == plain.token
+    assert asked.logprob == pytest.approx(float(LOGITS[asked.token]) - math.log(Z), abs=1e-6)
 
 
 def test_hand_computed_distributions():

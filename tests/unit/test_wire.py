@@ -52,6 +52,7 @@ def _frames():
         Forward(step=7, pos0=130, hidden=H576, sample=True, want_logits=True, all_logits=True),
         Hidden(step=7, hidden=H576, compute_ms=1.25),
         Token(step=7, token=42, logprob=-0.25, top=((42, -0.25), (7, -2.0)), compute_ms=0.5),
+        Token(step=9, token=3, logprob=None, top=(), compute_ms=0.5),
         Token(
             step=8,
             token=0,
@@ -236,7 +237,8 @@ def _open_header(**over):
         "start": 0,
         "end": 10,
         "max_tokens": 10,
-        "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0},
+        "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0,
+                     "logprobs": False},
         "prefixes": [],
     }
     h.update(over)
@@ -255,7 +257,8 @@ def _open_header(**over):
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 131_073}, "max_tokens"),
         (
-            {"sampling": {"temperature": -1.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0}},
+            {"sampling": {"temperature": -1.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0,
+                          "logprobs": False}},
             "temperature",
         ),
         ({"sampling": {"temperature": 0.0}}, "'sampling'"),
