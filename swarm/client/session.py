@@ -278,7 +278,7 @@ class RouteSession:
         """
         pos0, i, x0 = self.pos, 0, x
         pushed_step: int | None = None  # the step hop i's input was pushed with (None: send it)
-        rewind = False
+        rewind = push = False
         while i < len(self._hops):
             hop, t_start = self._hops[i], self._now()
             try:
@@ -301,6 +301,8 @@ class RouteSession:
                 return reply
             x, i = np.asarray(reply.hidden, dtype=np.float32), i + 1
             pushed_step = reply.step if reply.pushed else None
+            # a push that failed half-way may still have reached the next hop: relay with rewind
+            rewind = rewind or (push and pushed_step is None)
         raise NoRoute("the route has no hops")
 
     async def close(self) -> None:

@@ -75,6 +75,8 @@ PUSH_PROTOCOL = "/swarm/push/1"
 """Protocol of a push stream: one peer sends a chained session's outputs to the next hop's peer."""
 ATTACH_WAIT_S = 5.0
 """A push stream may wait this long for the Chain that names its sender."""
+PUSH_SETUP_WAIT_S = 1.0
+"""A step waits at most this long for its session's push stream to open; then it is not pushed."""
 
 
 @dataclass
@@ -267,17 +269,23 @@ async def _answer(rt: SpanRuntime, session: _Session, frame) -> None:
 
 
 async def _push(rt: SpanRuntime, session: _Session, frame: Forward, out: np.ndarray) -> bool:
-    """Send the step's output to the next hop; False (and no more pushes) when that fails."""
-    if session.push is None:
+    """Send the step's output to the next hop. False when it was not sent: the push stream is still
+    being set up after PUSH_SETUP_WAIT_S (tried again next step), or it failed (no more pushes)."""
+    task = session.push
+    if task is None:
         return False
+    if not task.done():
+        await asyncio.wait({task}, timeout=PUSH_SETUP_WAIT_S)
+        if not task.done():
+            return False  # a slow or unreachable next hop must not stall the step: the client relays
     try:
-        stream = await session.push
+        stream = task.result()
         await stream.send(encode_frame(Forward(step=frame.step, pos0=frame.pos0, hidden=out, push=True,
                                                rewind=frame.rewind)))
         if rt.after_push is not None:
             rt.after_push()
         return True
-    except SwarmError as e:
+    except (SwarmError, OSError, TimeoutError) as e:
         logger.info("push to the next hop failed, the client relays from now on: %s", e)
         await session.end_push()
         return False
