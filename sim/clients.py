@@ -53,6 +53,7 @@ class Load:
         sites: client processes, each at a random point on the globe.
         prompt_tokens, new_tokens: size of every generation.
         policy: the failover policy of every route session.
+        push: server push (peers send each step's output to the next peer); False: clients relay.
     """
 
     generations_per_s: float = 2.0
@@ -60,6 +61,7 @@ class Load:
     prompt_tokens: int = 64
     new_tokens: int = 32
     policy: FailoverPolicy = FailoverPolicy()
+    push: bool = False
 
 
 class ClientSite:
@@ -172,6 +174,7 @@ async def generate(
     policy: FailoverPolicy,
     rng: random.Random,
     on_token: Callable[[int, RouteSession], None] | None = None,
+    push: bool = False,
 ) -> GenerationRecord:
     """One generation through the swarm from `site`, checked against the fault-free tokens.
 
@@ -182,6 +185,7 @@ async def generate(
         policy: failover limits and timeouts.
         rng: the route session's random source (jitter, session ids).
         on_token: called after each token with (tokens so far, the route session): scripted faults.
+        push: chain the route for server push (peers find each other by id: no addresses).
     Returns:
         GenerationRecord (never raises SwarmError: a failure is recorded with its reason).
     """
@@ -189,7 +193,8 @@ async def generate(
     telemetry = GenerationTelemetry(backend="sim", prompt_tokens=len(prompt))
     spec = SessionSpec(MODEL_ID, site.site_id, n_layers, len(prompt) + n_new, SamplingParams())
     route = RouteSession(
-        spec, site, site, site.exclusions, telemetry, policy, now=loop.time, sleep=asyncio.sleep, rng=rng
+        spec, site, site, site.exclusions, telemetry, policy, now=loop.time, sleep=asyncio.sleep, rng=rng,
+        push_addrs=(lambda peer_id: ((), ())) if push else None,
     )
     record, t0 = GenerationRecord(started_s=loop.time()), loop.time()
     tokens: list[int] = []
@@ -249,7 +254,8 @@ async def arrivals(
     running: list[asyncio.Task] = []
 
     async def one(site: ClientSite, prompt: list[int], seed: int) -> None:
-        record = await generate(site, prompt, load.new_tokens, n_layers, load.policy, random.Random(seed))
+        record = await generate(site, prompt, load.new_tokens, n_layers, load.policy, random.Random(seed),
+                                push=load.push)
         metrics.generations.append(record)
 
     while True:

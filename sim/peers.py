@@ -11,6 +11,13 @@ tokens/s for a prefill chunk, 1 / decode steps/s for one token) starts when the 
 the work queued before it (one executor: `busy_until_s`), and the reply arrives half a round trip
 after the compute ends. Opens, closes and probes cost round trips only.
 
+Server push (`Load.push`): a client's `Chain` names each hop's next peer and session; a Forward with
+`push` is answered with a copy (`Hidden.pushed`) and its output delivered to the next peer half a
+peer-to-peer round trip after the compute ends (`sim.geo` between the two peers), which runs it
+as the real handler does (a push at a passed position is dropped unless it says `rewind`, which
+rolls the session's layer states back by replaying its recorded rows), answers its own client's
+link, and pushes on. A push to a peer that has gone is lost: the client times out or is refused.
+
 Ways to go (`depart`): "leave" (graceful: every in-flight frame is answered SHUTTING_DOWN, later
 frames on open links get the same last words, new dials are refused), "reset" (a crash whose
 kernel resets the connections: in-flight frames and dials fail at once) and "freeze" (a crash that
@@ -24,15 +31,19 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from sim.compute import run_layers, token_of
+from sim.geo import rtt_ms
 from swarm.errors import Busy, PeerTimeout, PeerUnreachable, RequestError
 from swarm.kv.budget import SpanBudget
 from swarm.kv.sessions import SessionTable
 from swarm.peer.rebalance import Drain
 from swarm.route.plan import PeerSpan
-from swarm.wire import Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token
+from swarm.wire import Chain, Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token
 
 IDLE_TIMEOUT_S = 600.0
 """A session unused this long is evicted (as `swarm.peer.handler.SpanRuntime.idle_timeout_s`)."""
@@ -74,6 +85,7 @@ class SimPeer:
         drain: shared with its rebalancer.
         busy_until_s: when its executor finishes the work queued so far.
         rng: its own random source (load times, rebalancing delays).
+        network: every peer by id (where its pushes go); set by the world.
     """
 
     def __init__(self, peer_id: str, profile: Profile, now_s: float, rng: random.Random):
@@ -85,6 +97,10 @@ class SimPeer:
         self.busy_until_s = 0.0
         self._cache: dict[bytes, tuple[str, list[int]]] = {}  # session id → (owner, layer states)
         self._inflight: dict[asyncio.Future, None] = {}
+        self.network: dict[str, SimPeer] = {}
+        self._links: dict[bytes, PeerLink] = {}  # session id → its client's link
+        self._chains: dict[bytes, Chain] = {}
+        self._rows: dict[bytes, list] = {}  # session id → every row run, in order (for rewind)
 
     @property
     def alive(self) -> bool:
@@ -113,16 +129,16 @@ class SimPeer:
         """Start serving [start, end) with an empty session table."""
         self.state, self.start, self.end = "serving", start, end
         self.table = SessionTable(self.profile.max_sessions, self.profile.budget.kv_tokens, IDLE_TIMEOUT_S)
-        self._cache = {}
+        self._cache, self._chains, self._rows = {}, {}, {}
 
     def unload(self) -> None:
         """Stop serving to load another span (the rebalancer drained it first)."""
-        self.state, self.table, self._cache = "moving", None, {}
+        self.state, self.table, self._cache, self._chains, self._rows = "moving", None, {}, {}, {}
 
     def depart(self, how: str) -> None:
         """Go: "leave", "reset" or "freeze" (see the module docstring)."""
         self.state = {"leave": "left", "reset": "reset", "freeze": "frozen"}[how]
-        self.table, self._cache = None, {}
+        self.table, self._cache, self._links, self._chains, self._rows = None, {}, {}, {}, {}
         for fut in list(self._inflight):
             if fut.done():
                 continue
@@ -144,11 +160,16 @@ class SimPeer:
             return Error(ErrorCode.NOT_FOUND, f"{self.peer_id} serves no span now"), arrive_s
         if isinstance(frame, Open):
             return self._open(sid, owner, frame, arrive_s), arrive_s
-        if not isinstance(frame, Forward):
+        if not isinstance(frame, (Forward, Chain)):
             return Error(ErrorCode.BAD_REQUEST, f"unexpected {type(frame).__name__}"), arrive_s
         table = self.table
         try:
             slot = table.get(sid, owner)
+            if isinstance(frame, Chain):
+                self._chains[sid] = frame
+                return OpenOk(slot.reserved_tokens), arrive_s
+            if frame.rewind and frame.pos0 < slot.pos:
+                self._rewind(sid, slot, frame.pos0)
             table.check_forward(slot, frame.pos0, frame.n_tokens)
         except RequestError as e:
             return Error(ErrorCode.BAD_REQUEST, str(e)), arrive_s
@@ -157,6 +178,7 @@ class SimPeer:
         done_s = max(arrive_s, self.busy_until_s) + compute_s
         self.busy_until_s = done_s
         out = run_layers(self._cache[sid][1], self.start, frame.hidden)
+        self._rows.setdefault(sid, []).append(frame.hidden)
         table.advance(slot, n, done_s)
         if self.end < self.profile.budget.n_layers:
             return Hidden(frame.step, out, compute_s * 1000.0), done_s
@@ -176,6 +198,37 @@ class SimPeer:
         self._cache[sid] = (owner, [0] * (self.end - self.start))
         return OpenOk(frame.max_tokens)
 
+    def _rewind(self, sid: bytes, slot, pos: int) -> None:
+        """Roll the session back to `pos`: its layer states from its recorded rows before `pos`."""
+        rows = np.concatenate(self._rows.get(sid, [])) if self._rows.get(sid) else np.zeros((0, 2))
+        states = [0] * (self.end - self.start)
+        if pos:
+            run_layers(states, self.start, rows[:pos])
+        self._cache[sid] = (self._cache[sid][0], states)
+        self._rows[sid] = [rows[:pos]] if pos else []
+        self.table.truncate(slot, pos)
+
+    def next_hop(self, sid: bytes) -> tuple[PeerLink, float] | None:
+        """Where the session's pushes go: the next peer's client link and the one-way trip, s."""
+        chain = self._chains.get(sid)
+        nxt = self.network.get(chain.next_peer) if chain is not None and chain.next_peer else None
+        link = nxt._links.get(chain.next_session) if nxt is not None else None
+        if link is None:
+            return None
+        p, q = self.profile, nxt.profile
+        return link, rtt_ms(p.location, q.location, p.access_ms, q.access_ms) / 2000.0
+
+    def accepts_push(self, sid: bytes, owner: str, frame: Forward, from_peer: str) -> bool:
+        """Whether a pushed frame from `from_peer` runs here (see the module docstring)."""
+        chain = self._chains.get(sid)
+        if self.state != "serving" or self.table is None or chain is None or chain.prev_peer != from_peer:
+            return False
+        try:
+            pos = self.table.get(sid, owner).pos
+        except RequestError:
+            return False
+        return frame.pos0 == pos or (frame.rewind and frame.pos0 < pos)
+
     def _holds(self, sid: bytes, owner_of: str) -> bool:
         try:
             self.table.get(sid, owner_of)
@@ -185,6 +238,9 @@ class SimPeer:
 
     def close_session(self, sid: bytes) -> None:
         """The client closed the session: free it (and wake a drain waiting for the last one)."""
+        self._links.pop(sid, None)
+        self._chains.pop(sid, None)
+        self._rows.pop(sid, None)
         if self.table is not None and self._cache.pop(sid, None) is not None:
             self.table.release(sid)
             self.drain.session_ended(len(self.table))
@@ -196,7 +252,7 @@ class SimPeer:
 
 
 class PeerLink:
-    """`swarm.client.session.HopLink` from one client to one `SimPeer`, with their round trip.
+    """`swarm.client.session.PushLink` from one client to one `SimPeer`, with their round trip.
 
     Args:
         peer: the peer.
@@ -214,6 +270,8 @@ class PeerLink:
         self._key = key
         self._sid = b""
         self.closed = False
+        self._inbox: deque[Frame] = deque()  # answers that reached the client, not read yet
+        self._waiter: asyncio.Future | None = None
 
     def __hash__(self) -> int:
         return self._key
@@ -240,6 +298,69 @@ class PeerLink:
         except asyncio.TimeoutError:
             raise PeerTimeout(f"no frame from {self.peer_id} within {timeout_s:.1f} s") from None
         return reply, 100, 100
+
+    async def send(self, frame: Frame, timeout_s: float) -> int:
+        """Send one frame (server push; see `swarm.client.session.PushLink.send`): the peer runs it
+        half a round trip from now, and its answer (and its pushes) are scheduled."""
+        peer = self._peer
+        if self.closed or peer.state == "reset":
+            raise PeerUnreachable(f"stream to {self.peer_id} was reset")
+        if peer.state in ("left", "frozen"):
+            return 100  # `recv` reports it
+        if isinstance(frame, Open):
+            self._sid = frame.session_id
+            peer._links[self._sid] = self
+        self._run(frame, asyncio.get_running_loop().time() + self._rtt_s / 2)
+        return 100
+
+    async def recv(self, timeout_s: float) -> tuple[Frame, int]:
+        """The next answer that reached the client (see `swarm.client.session.PushLink.recv`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self._inbox:
+            peer = self._peer
+            if self.closed or peer.state == "reset":
+                raise PeerUnreachable(f"stream to {self.peer_id} was reset")
+            if peer.state == "left":
+                return Error(ErrorCode.SHUTTING_DOWN, "peer is shutting down"), 100
+            fut = self._waiter = loop.create_future()
+            peer.track(fut)  # a departure settles it: SHUTTING_DOWN, or reset
+            try:
+                said = await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                raise PeerTimeout(f"no frame from {self.peer_id} within {timeout_s:.1f} s") from None
+            finally:
+                self._waiter = None
+            if isinstance(said, Error):
+                return said, 100
+        return self._inbox.popleft(), 100
+
+    def pushed(self, frame: Forward, arrive_s: float, from_peer: str) -> None:
+        """A frame the previous hop's peer pushed into this link's session, arriving at `arrive_s`;
+        lost when the peer has gone or does not take it."""
+        if not self.closed and self._peer.accepts_push(self._sid, self._owner, frame, from_peer):
+            self._run(frame, arrive_s)
+
+    def _run(self, frame: Frame, arrive_s: float) -> None:
+        peer = self._peer
+        reply, done_s = peer.handle(self._sid, self._owner, frame, arrive_s)
+        if isinstance(frame, Forward) and frame.push and isinstance(reply, Hidden):
+            nxt = peer.next_hop(self._sid)
+            if nxt is not None:
+                link, one_way_s = nxt
+                link.pushed(Forward(step=frame.step, pos0=frame.pos0, hidden=reply.hidden, push=True,
+                                    rewind=frame.rewind), done_s + one_way_s, peer.peer_id)
+                reply = Hidden(reply.step, reply.hidden, reply.compute_ms, pushed=True)
+        asyncio.get_running_loop().call_at(done_s + self._rtt_s / 2, self._arrive, reply)
+
+    def _arrive(self, reply: Frame) -> None:
+        """An answer reaches the client, unless the peer went meanwhile: frozen, it never comes;
+        reset or left, `recv` reports that instead (as in-flight frames on a real stream)."""
+        if self.closed or not self._peer.alive:
+            return
+        self._inbox.append(reply)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def close(self) -> None:
         """Close the session on the peer (at once: the Close is not waited for); never raises."""

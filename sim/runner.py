@@ -87,6 +87,7 @@ class SwarmSim:
             sc.load.policy,
             random.Random(self.rng.getrandbits(64)),
             on_token,
+            push=sc.load.push,
         )
 
     def time_planner(self, n: int) -> None:

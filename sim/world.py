@@ -151,6 +151,7 @@ class World:
         # instant may run in either order, and must not take each other's draws
         rng = random.Random(self.rng.getrandbits(64))
         peer = SimPeer(f"p{len(self.peers):06d}", self._profile(), self._loop.time(), rng)
+        peer.network = self.peers
         self.peers[peer.peer_id] = peer
         self._alive_at[peer.peer_id] = len(self._alive)
         self._alive.append(peer.peer_id)

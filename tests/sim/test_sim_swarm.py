@@ -68,33 +68,40 @@ def test_joins_through_placement_chain_up_with_no_dead_ends_where_naive_rules_le
 # -- faults during a generation -----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("push", [False, True], ids=["relay", "push"])
 @pytest.mark.parametrize(
     "how, reason", [("leave", "shutting_down"), ("reset", "unreachable"), ("freeze", "timeout")]
 )
-def test_a_peer_going_mid_generation_is_noticed_and_the_tokens_stay_exact(how, reason):
+def test_a_peer_going_mid_generation_is_noticed_and_the_tokens_stay_exact(how, reason, push):
     """A routed peer goes after the 5th token: the client fails over (detecting a freeze takes the
     step timeout, the others at once), replays, and produces exactly the fault-free tokens; a
-    crashed peer's record lingers, yet the next generation from that client avoids it."""
+    crashed peer's record lingers, yet the next generation from that client avoids it. With server
+    push, the step the victim's predecessor pushed into it is lost with it, and the client finishes
+    that step by relay with rewind."""
 
     async def main():
-        sim = SwarmSim(scenario(40, seed=0, load=Load(sites=1)))
+        sim = SwarmSim(scenario(40, seed=0, load=Load(sites=1, push=push)))
         await sim.world.grow(40, 400.0)
         await asyncio.sleep(120.0)
         victims = []
+
+        pushed = []
 
         def strike(n_tokens: int, route) -> None:
             if n_tokens == 5:
                 victims.append(route.route[len(route.route) // 2])
                 sim.world.depart(sim.world.peers[victims[0]], how)
+            pushed.append(sum(h.pushed_steps for h in route.telemetry.route))
 
         first = await sim.generate(0, strike)
         lingers = victims[0] in sim.world.board.records
         routes = []
         second = await sim.generate(0, lambda n, route: routes.append(list(route.route)))
         sim.finish()
-        return victims[0], first, second, lingers, routes
+        return victims[0], first, second, lingers, routes, pushed
 
-    victim, first, second, lingers, routes = vloop.run(main())
+    victim, first, second, lingers, routes, pushed = vloop.run(main())
+    assert (pushed[-1] > pushed[5] > 0) if push else pushed[-1] == 0  # pushing before and after
     assert first.completed and first.exact
     assert [r for r, _ in first.stalls] == [reason]
     stall_ms = first.stalls[0][1]
@@ -104,15 +111,16 @@ def test_a_peer_going_mid_generation_is_noticed_and_the_tokens_stay_exact(how, r
     assert all(victim not in r for r in routes)
 
 
-def test_churn_with_crashes_keeps_generations_exact_and_complete():
+@pytest.mark.parametrize("push", [False, True], ids=["relay", "push"])
+def test_churn_with_crashes_keeps_generations_exact_and_complete(push):
     """150 peers, 10% churn per minute (half graceful, half crashes, half of those frozen), real
-    rebalancing, one generation per second from 32 clients: at least 99% of generations complete,
-    every completed one with exactly the fault-free tokens, after failovers of all three kinds; no
-    peer moves while holding a session."""
+    rebalancing, one generation per second from 32 clients, relayed or pushed: at least 99% of
+    generations complete, every completed one with exactly the fault-free tokens, after failovers
+    of all three kinds; no peer moves while holding a session."""
     sc = scenario(
         150,
         seed=3,
-        load=Load(generations_per_s=1.0, sites=32, new_tokens=48),
+        load=Load(generations_per_s=1.0, sites=32, new_tokens=48, push=push),
         churn_per_min=0.1,
         rebalance_period_s=120.0,
     )
