@@ -10,6 +10,7 @@ scenario as a table, then one JSON line per scenario.
     .venv/bin/python scripts/bench_sim.py swarm43_300           # any named scenario
     .venv/bin/python scripts/bench_sim.py --peers 2000 swarm43_10k
     .venv/bin/python scripts/bench_sim.py --model deepseek-v4-flash --peers 300 swarm43_300
+    .venv/bin/python scripts/bench_sim.py --push swarm43_300      # clients chain routes for server push
 
 Acceptance (issue item 4): a complete chain at least 99% of virtual time, at least 99% of
 generations complete, the planner under 50 ms per route at 10,000 peers.
@@ -102,6 +103,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--peers", type=int, help="override the number of peers")
     ap.add_argument("--seed", type=int, help="override the seed")
     ap.add_argument("--model", choices=sorted(MODELS), help="serve this model's real sizes and volunteer mix")
+    ap.add_argument("--push", action="store_true", help="server push: peers send each step to the next peer")
     args = ap.parse_args(argv)
     unknown = [n for n in args.names if n not in SCENARIOS]
     if unknown:
@@ -117,11 +119,14 @@ def main(argv: list[str]) -> int:
         if args.model:
             model, mix = MODELS[args.model]
             sc = replace(sc, model=model, mix=mix)
+        if args.push:
+            sc = replace(sc, load=replace(sc.load, push=True))
         print(f"running {name}: {sc.members.n_peers} peers, {sc.model.name} ...", file=sys.stderr, flush=True)
         s = run(sc, _progress(time.perf_counter())).summary()
         s["load_average"] = round(os.getloadavg()[0], 2)
         summaries.append(s)
-        print(f"\n## {name}: {sc.members.n_peers} peers, {sc.model.name}, seed {sc.seed}\n")
+        how = "server push" if sc.load.push else "client relay"
+        print(f"\n## {name}: {sc.members.n_peers} peers, {sc.model.name}, seed {sc.seed}, {how}\n")
         print("| figure | value | target |\n|---|---|---|")
         for label, key, target in TABLE:
             print(f"| {label} | {_cell(s, key)} | {target} |")

@@ -7,8 +7,8 @@ Files:
     compute.py: the stand-in span computation (exact integers: any replay mistake changes the
         tokens) and `reference_tokens`, the fault-free run.
     records.py: `RecordBoard` — announcements with publish delay, tombstones and expiry.
-    peers.py: `SimPeer` (span, real `SessionTable` and `Drain`, compute queue, ways to go) and
-        `PeerLink`, the route session's link to it.
+    peers.py: `SimPeer` (span, real `SessionTable` and `Drain`, compute queue, ways to go, server
+        push between peers) and `PeerLink`, the route session's link to it.
     world.py: `World` — joins through the real `choose_span`, the real `Rebalancer`, churn.
     clients.py: `ClientSite` (the route session's directory and transport), `generate`, `arrivals`.
     metrics.py: `Metrics`, `SwarmReport` — layout judged by `analyze_chains` over virtual time,
