@@ -1,8 +1,9 @@
 """`swarm serve --metrics-port N`: a peer's Prometheus metrics over HTTP (text format, GET /metrics).
 
 Per session (one span stream): sessions served, how long each lasted. Per step (one frame answered):
-frames and bytes each way, the time from a frame's arrival to its reply (the peer's share of a
-step's latency, compute included). Read at scrape time from the span's state: the span, open and
+frames and bytes each way, the time from a client frame's arrival to its reply (the peer's share of
+a step's latency, compute included). Frames another peer pushed in (server push) count as direction
+"push_in"; their steps are not timed (they arrive on another stream than the one answered). Read at scrape time from the span's state: the span, open and
 free session slots, free KV-cache tokens, the measured throughput, whether it drains or shuts down.
 
 The metrics wrap the stream handler from outside (`PeerMetrics.wrap`) and read the session table;
@@ -70,6 +71,14 @@ class PeerMetrics:
 
         return counted
 
+    def wrap_push(self, handler):
+        """The push stream handler `handler(stream)`, counting the frames and bytes pushed in."""
+
+        async def counted(stream) -> None:
+            await handler(_PushedStream(stream, self))
+
+        return counted
+
     def serve(self, host: str, port: int) -> None:
         """Start the HTTP server for GET /metrics on host:port (a daemon thread).
 
@@ -105,6 +114,22 @@ class _TimedStream:
             self._received_at = None
         self._m.frames.labels("out").inc()
         self._m.bytes.labels("out").inc(len(data))
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+class _PushedStream:
+    """A push stream that reports the frames and bytes it receives to `PeerMetrics`."""
+
+    def __init__(self, stream, metrics: PeerMetrics):
+        self._stream, self._m = stream, metrics
+
+    async def recv(self, *args, **kwargs) -> bytes:
+        data = await self._stream.recv(*args, **kwargs)
+        self._m.frames.labels("push_in").inc()
+        self._m.bytes.labels("push_in").inc(len(data))
+        return data
 
     def __getattr__(self, name):
         return getattr(self._stream, name)

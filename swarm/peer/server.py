@@ -240,10 +240,11 @@ async def serve(
         )
         span_handler = partial(handle_stream, rt)
         metrics = None if cfg.metrics_port is None else PeerMetrics(rt)
+        push_handler = partial(handle_push, rt)
         if metrics is not None:
             metrics.serve(net.host, cfg.metrics_port)
             span_handler = metrics.wrap(span_handler)
-        push_handler = partial(handle_push, rt)
+            push_handler = metrics.wrap_push(push_handler)
         rt.dial = partial(_dial_push, dht.transport)
         if cfg.debug_die_after_pushes:
             rt.after_push = partial(_die_after, [cfg.debug_die_after_pushes])
