@@ -9,7 +9,8 @@ on them in chunks, and the step goes on: the text equals a fault-free run token 
 each span's output depends only on the rows it was given and the last span samples by position.
 
 Server push: given `push_addrs`, the route is chained after every open and failover (`Chain` to
-each hop: push outputs to the next hop's session, accept pushes from the previous hop's peer). A step
+each hop, not waited for: push outputs to the next hop's session, accept pushes from the previous
+hop's peer; each acknowledgement is read before that hop's next answer). A step
 is then sent to the first hop only, with `Forward.push`; each peer pushes its output straight to the
 next and answers the client with a copy (`Hidden.pushed`), which the client records as the next
 hop's input for replay, and the last answers the token: the client waits on each hop in turn but sends
@@ -138,6 +139,8 @@ class _Hop:
     inputs: list[np.ndarray]
     """Every `[rows, hidden]` float32 block this hop was sent, from position `base` on: its replay."""
     session_id: bytes = b""
+    acks_due: int = 0
+    """Chain frames sent to the hop whose acknowledgement was not read yet."""
     restorable: frozenset[int] = frozenset()
     """Prefix lengths the peer said it can restore."""
     base: int = 0
@@ -371,6 +374,9 @@ class RouteSession:
             except SwarmError as e:
                 raise _HopFailed(hop.span, e) from e
             hop.telemetry.bytes_received += received
+            if isinstance(reply, OpenOk) and hop.acks_due:
+                hop.acks_due -= 1  # a Chain's acknowledgement: the peer took its place in the chain
+                continue
             if not isinstance(reply, (Hidden, Token)) or reply.step == step:
                 return self._account(hop, reply, t0)
             hop.telemetry.skipped_replies += 1
@@ -387,30 +393,28 @@ class RouteSession:
         return reply
 
     async def _chain(self) -> None:
-        """Chain the current route for server push (see the module docstring), every hop at once.
-        Any failure leaves the route unchained: steps are relayed, and a broken hop fails over as
-        usual on its next step."""
-        self.chained = False
-        if self._push_addrs is None or len(self._hops) < 2:
+        """Chain the current route for server push (see the module docstring): a `Chain` to every
+        hop, not waited for (each acknowledgement is read before that hop's next answer), so that
+        chaining costs no round trip. A hop the Chain cannot reach fails over on its next step."""
+        self.chained = self._push_addrs is not None and len(self._hops) > 1
+        if not self.chained:
             return
         hops = self._hops
-
-        def frame(i: int) -> Chain:
+        for i, hop in enumerate(hops):
             nxt = hops[i + 1] if i + 1 < len(hops) else None
             addrs, direct = self._push_addrs(nxt.peer_id) if nxt else ((), ())
-            return Chain(
+            frame = Chain(
                 next_peer=nxt.peer_id if nxt else "",
                 next_session=nxt.session_id if nxt else b"",
                 next_addrs=addrs[:MAX_CHAIN_ADDRS],
                 next_direct=direct[:MAX_CHAIN_ADDRS],
                 prev_peer=hops[i - 1].peer_id if i else "",
             )
-
-        results = await asyncio.gather(
-            *(self._exchange(h, frame(i), self.policy.open_timeout_s) for i, h in enumerate(hops)),
-            return_exceptions=True,
-        )
-        self.chained = all(isinstance(r, OpenOk) for r in results)
+            try:
+                hop.telemetry.bytes_sent += await hop.link.send(frame, self.policy.open_timeout_s)
+            except SwarmError:
+                continue
+            hop.acks_due += 1
 
     # -- failover ----------------------------------------------------------------------------------
 

@@ -393,13 +393,12 @@ async def _truncate(rt: SpanRuntime, slot: SessionSlot, pos: int) -> None:
 
 async def _chain(rt: SpanRuntime, session: _Session, frame: Chain) -> None:
     """Take the session's new place in a push chain: start opening the push stream to the next hop
-    (in the background: the first push waits for it) and accept pushes from `prev_peer` only."""
+    (in the background: the first push waits for it) and accept pushes from `prev_peer` only. Only
+    a frame that is wrong whatever the peer is refused: the client does not wait for the answer."""
     if frame.next_peer and rt.executor.is_last:
         raise RequestError("the last span samples: it pushes to no next hop")
-    if frame.next_peer and rt.dial is None:
-        raise RequestError("this peer does not push to other peers")
     await session.end_push()
-    if frame.next_peer:
+    if frame.next_peer and rt.dial is not None:  # a peer that cannot dial answers `pushed` false
         session.push = asyncio.ensure_future(_connect_push(rt, frame))
     async with session.chained:
         session.prev_peer = frame.prev_peer
