@@ -162,7 +162,8 @@ def test_open_beyond_the_context_cap_is_refused(raw):
         "start": 0,
         "end": 30,
         "max_tokens": 131_073,
-        "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0},
+        "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "n_top_logprobs": 0,
+                     "logprobs": False},
         "prefixes": [],
     }
     s = raw.stream()
@@ -282,6 +283,8 @@ def test_wrong_dtype_ends_the_stream(raw):
         "want_logits": False,
         "all_logits": False,
         "restore": 0,
+        "push": False,
+        "rewind": False,
         "dtype": "f64",
         "shape": [1, N_EMBD],
     }
