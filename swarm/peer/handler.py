@@ -76,7 +76,8 @@ PUSH_PROTOCOL = "/swarm/push/1"
 ATTACH_WAIT_S = 5.0
 """A push stream may wait this long for the Chain that names its sender."""
 PUSH_SETUP_WAIT_S = 1.0
-"""A step waits at most this long for its session's push stream to open; then it is not pushed."""
+"""The first push of a chain waits at most this long for the push stream to open; then that step,
+and any later one while it is still opening, is not pushed (the client relays it)."""
 
 
 @dataclass
@@ -158,6 +159,8 @@ class _Session:
     """The peer whose pushed frames this session accepts (Chain.prev_peer)."""
     push: asyncio.Task | None = None
     """Opens (and then holds) the push stream to the next hop; None: the session pushes nowhere."""
+    push_waited: bool = False
+    """A push already waited for `push` to open (since the last Chain)."""
 
     async def end_push(self) -> None:
         """Stop pushing: cancel the push stream's setup or close the stream."""
@@ -270,14 +273,16 @@ async def _answer(rt: SpanRuntime, session: _Session, frame) -> None:
 
 async def _push(rt: SpanRuntime, session: _Session, frame: Forward, out: np.ndarray) -> bool:
     """Send the step's output to the next hop. False when it was not sent: the push stream is still
-    being set up after PUSH_SETUP_WAIT_S (tried again next step), or it failed (no more pushes)."""
+    being set up (the first push waits up to PUSH_SETUP_WAIT_S for it, later ones not at all; tried
+    again next step), or it failed (no more pushes)."""
     task = session.push
     if task is None:
         return False
-    if not task.done():
+    if not task.done() and not session.push_waited:
+        session.push_waited = True  # once per chain: a slow or unreachable next hop must not stall steps
         await asyncio.wait({task}, timeout=PUSH_SETUP_WAIT_S)
-        if not task.done():
-            return False  # a slow or unreachable next hop must not stall the step: the client relays
+    if not task.done():
+        return False  # still opening: the client relays this step
     try:
         stream = task.result()
         await stream.send(encode_frame(Forward(step=frame.step, pos0=frame.pos0, hidden=out, push=True,
@@ -398,6 +403,7 @@ async def _chain(rt: SpanRuntime, session: _Session, frame: Chain) -> None:
     if frame.next_peer and rt.executor.is_last:
         raise RequestError("the last span samples: it pushes to no next hop")
     await session.end_push()
+    session.push_waited = False
     if frame.next_peer and rt.dial is not None:  # a peer that cannot dial answers `pushed` false
         session.push = asyncio.ensure_future(_connect_push(rt, frame))
     async with session.chained:
