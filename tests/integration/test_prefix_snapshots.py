@@ -77,7 +77,9 @@ def test_shared_prefix_is_restored_fetched_and_exact(qwen_path, tmp_path):
         ps.stop_all()
 
 
-@pytest.mark.parametrize("tamper", ["flip", "truncate", "span", "format"])
+# One kind of damage end to end: the kinds differ only inside `decode_snapshot`, and
+# tests/unit/test_kv_snapshot.py refuses each of them (flip, truncate, span, format) with its reason.
+@pytest.mark.parametrize("tamper", ["flip"])
 def test_tampered_snapshot_is_rejected_and_the_answer_is_still_right(qwen_path, tmp_path, tamper):
     prompts = [SYSTEM + q for q in QUESTIONS]
     want = oracle(qwen_path, prompts[1], N_NEW)
