@@ -8,16 +8,16 @@ answers with the sampled token. Every row a hop has been sent is kept, so when a
 on them in chunks, and the step goes on: the text equals a fault-free run token for token, since
 each span's output depends only on the rows it was given and the last span samples by position.
 
-Server push: given `push_addrs`, the route is chained after every open and failover (`Chain` to
-each hop, not waited for: push outputs to the next hop's session, accept pushes from the previous
-hop's peer; each acknowledgement is read before that hop's next answer). A step
-is then sent to the first hop only, with `Forward.push`; each peer pushes its output straight to the
-next and answers the client with a copy (`Hidden.pushed`), which the client records as the next
-hop's input for replay, and the last answers the token: the client waits on each hop in turn but sends
-once per step. A hop that could not push answers `pushed` false and the client relays from there. When
-a hop fails mid-step, the client replaces it as above and finishes the step by relay with
-`Forward.rewind` (a later hop may already hold the step from a push before the failure); replies to
-steps the client abandoned are recognised by their step number and skipped.
+Server push: given `push_addrs`, the route is chained after every open and failover: a `Chain` to
+each hop (push outputs to the next hop's session, accept pushes from the previous hop's peer), not
+waited for (each acknowledgement is read before that hop's next answer). A step is then sent to the
+first hop only, with `Forward.push`; each peer pushes its output straight to the next and answers
+the client with a copy (`Hidden.pushed`), which the client records as the next hop's input for
+replay, and the last answers the token: the client sends once per step and reads every hop's answer
+in turn. A hop that did not push answers `pushed` false and the client relays from there. When a
+hop fails mid-step, the client replaces it as above and finishes the step by relay with
+`Forward.rewind` (a later hop may already hold the step from a push before the failure); answers to
+steps the client gave up on are recognised by their step number and skipped.
 
 Everything that does I/O or reads time is passed in: the `PeerDirectory` (announced spans and RTT
 probes), the `HopTransport` (links to peers), the clock, the sleep and the RNG. The client runs it
