@@ -3,8 +3,9 @@
 Per session (one span stream): sessions served, how long each lasted. Per step (one frame answered):
 frames and bytes each way, the time from a client frame's arrival to its reply (the peer's share of
 a step's latency, compute included). Frames another peer pushed in (server push) count as direction
-"push_in"; their steps are not timed (they arrive on another stream than the one answered). Read at scrape time from the span's state: the span, open and
-free session slots, free KV-cache tokens, the measured throughput, whether it drains or shuts down.
+"push_in"; their steps are not timed (they arrive on another stream than the one answered). Read
+at scrape time from the span's state: the span, open and free session slots, free KV-cache tokens,
+the measured throughput, whether it drains or shuts down.
 
 The metrics wrap the stream handler from outside (`PeerMetrics.wrap`) and read the session table;
 they never change either. The HTTP server is prometheus_client's own, on a daemon thread.
