@@ -147,11 +147,11 @@ def test_header_scan_matches_gguf_reader(tmp_path):
         TokenEmbedder(cut)
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"])
-def test_arch_metadata_from_the_header_scan_equals_gguf_reader(name):
+def test_arch_metadata_from_the_header_scan_equals_gguf_reader():
     """The fast scan gives span_rules the same `<arch>.*` values as gguf's reader (scalars, and
-    numeric arrays up to 4,096 elements)."""
-    path = resolve_model(name)
+    numeric arrays up to 4,096 elements; the real models have no such arrays: the synthetic ones'
+    per-layer arrays are checked through their split rules in test_synthetic_parity.py)."""
+    path = resolve_model("smollm2-135m")
     reader = GGUFReader(path)
     arch = reader.fields["general.architecture"].contents()
     want = {}
