@@ -6,7 +6,10 @@ answers with the sampled token. Every row a hop has been sent is kept, so when a
 (stream closed, refused, timed out, BUSY, SHUTTING_DOWN, malformed reply) only that hop's layers
 [start, end) are re-planned, the new hop or hops are opened, the failed hop's inputs are replayed
 on them in chunks, and the step goes on: the text equals a fault-free run token for token, since
-each span's output depends only on the rows it was given and the last span samples by position.
+each span's output depends only on the rows it was given and the last span samples by position;
+except that llama.cpp rounds a frame of many rows slightly differently from one-row decode steps
+(exact up to 16 rows on SmolLM2, 3 on Qwen 0.5B), so a replay in prefill-sized chunks can flip a
+near-tie. Replaying each recorded block as it was sent is the fix (not built yet).
 
 Server push: given `push_addrs`, the route is chained after every open and failover: a `Chain` to
 each hop (push outputs to the next hop's session, accept pushes from the previous hop's peer), not
