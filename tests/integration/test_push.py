@@ -149,3 +149,19 @@ def test_a_hop_that_dies_after_pushing_is_replaced_and_the_next_hop_rewinds(push
     assert f.position == got.telemetry.prompt_tokens + 3  # prefill + 3 decode steps pushed, the 4th lost
     last = got.telemetry.route[1]
     assert last.peer_id == p1.peer_id and last.skipped_replies == 1
+
+
+def test_garbage_on_a_push_stream_ends_only_that_stream(clients):
+    """A pushing peer that sends a malformed frame, or a frame that is not a pushed Forward, loses
+    its push stream; the session it pushed into is still served by its client."""
+    last, pusher = clients["last"], clients["pusher"]
+    want = _relayed(last, [(0, ROWS[:3])])[0]
+    s, session_id = _session(last)
+    assert last.ask(s, encode_frame(Chain(prev_peer=pusher.dht.peer_id))) == OpenOk(reserved_tokens=64)
+    for bad in (b"\x03garbage", encode_frame(Forward(step=1, pos0=0, hidden=ROWS[:3]))):  # not push
+        push, reply = _push_stream(pusher, session_id)
+        assert reply == OpenOk(reserved_tokens=64)
+        pusher.send(push, bad)
+        pusher.assert_closed(push)
+    got = last.ask(s, encode_frame(Forward(step=2, pos0=0, hidden=ROWS[:3])))
+    assert isinstance(got, Token) and (got.step, got.token) == (2, want.token)
