@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import math
 import random
 import tempfile
@@ -33,7 +32,7 @@ from swarm.client.telemetry import GenerationTelemetry
 from swarm.client.tokenizer import Tokenizer
 from swarm.dht.node import SwarmDHT, get_dht_time
 from swarm.dht.records import Announcement
-from swarm.direct import dial
+from swarm.direct import open_stream
 from swarm.errors import PeerTimeout, PeerUnreachable, SwarmError
 from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.kv.prefix import PREFIX_BLOCK_TOKENS, prefix_offers
@@ -47,8 +46,6 @@ from swarm.route.plan import PeerSpan
 from swarm.route.snapshot import peer_spans
 from swarm.sampling import SamplingParams
 from swarm.wire import Close, Error, Frame, decode_frame, encode_frame
-
-logger = logging.getLogger(__name__)
 
 DHT_READ_TIMEOUT_S = 30.0
 """Reading the model's announcements from the DHT gives up after this long."""
@@ -293,24 +290,12 @@ class P2PTransport:
         """Open a span stream to `peer_id`, direct when it can. Raises PeerUnreachable, or PeerTimeout
         past timeout_s."""
         endpoints = self._directory.direct_addrs(peer_id)
-        if self.direct and endpoints and self._direct_failed.get(peer_id) != endpoints:
-            try:
-                stream = await dial(self._dht.transport, peer_id, self._directory.addrs(peer_id),
-                                    endpoints, SPAN_PROTOCOL, timeout_s)
-                return P2PLink(peer_id, stream, "direct")
-            except PeerUnreachable as e:
-                logger.info("direct stream to %s failed, using libp2p from now on: %s", peer_id[:12], e)
-                self._direct_failed[peer_id] = endpoints
-        try:
-            async with asyncio.timeout(timeout_s):
-                stream = await self._dht.transport.open_stream(
-                    peer_id, self._directory.addrs(peer_id), SPAN_PROTOCOL
-                )
-        except TimeoutError:
-            raise PeerTimeout(
-                f"peer {peer_id[:12]}… did not accept a stream within {timeout_s:.1f} s"
-            ) from None
-        return P2PLink(peer_id, stream)
+        try_direct = self.direct and bool(endpoints) and self._direct_failed.get(peer_id) != endpoints
+        stream, kind = await open_stream(self._dht.transport, peer_id, self._directory.addrs(peer_id),
+                                         endpoints if try_direct else (), SPAN_PROTOCOL, timeout_s)
+        if try_direct and kind == "libp2p":  # remembered: libp2p until the peer announces others
+            self._direct_failed[peer_id] = endpoints
+        return P2PLink(peer_id, stream, kind)
 
 
 class RemoteEngine:
