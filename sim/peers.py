@@ -173,8 +173,10 @@ class SimPeer:
             table.check_forward(slot, frame.pos0, frame.n_tokens)
         except RequestError as e:
             return Error(ErrorCode.BAD_REQUEST, str(e)), arrive_s
-        n, steps = frame.n_tokens, self.profile.layer_steps_per_s / (self.end - self.start)
-        compute_s = 1.0 / steps if n == 1 else n / (steps * self.profile.prefill_factor)
+        n, rate = frame.n_tokens, self.profile.layer_steps_per_s / (self.end - self.start)
+        # a frame of recorded steps (Forward.steps) costs what each step costs alone
+        compute_s = sum(1.0 / rate if k == 1 else k / (rate * self.profile.prefill_factor)
+                        for k in frame.steps or (n,))
         done_s = max(arrive_s, self.busy_until_s) + compute_s
         self.busy_until_s = done_s
         out = run_layers(self._cache[sid][1], self.start, frame.hidden)
@@ -349,7 +351,7 @@ class PeerLink:
             if nxt is not None:
                 link, one_way_s = nxt
                 link.pushed(Forward(step=frame.step, pos0=frame.pos0, hidden=reply.hidden, push=True,
-                                    rewind=frame.rewind), done_s + one_way_s, peer.peer_id)
+                                    rewind=frame.rewind, steps=frame.steps), done_s + one_way_s, peer.peer_id)
                 reply = Hidden(reply.step, reply.hidden, reply.compute_ms, pushed=True)
         asyncio.get_running_loop().call_at(done_s + self._rtt_s / 2, self._arrive, reply)
 

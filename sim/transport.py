@@ -3,7 +3,9 @@
 A `SpanPeer` computes the stand-in span of `sim.compute`, whose every output depends on every earlier
 row of the session, in order, as attention does: a replay that skipped, repeated or reordered a row
 would change every later output and the last span's sampled token with it, so a failover is correct
-only if the tokens equal a fault-free run.
+only if the tokens equal a fault-free run. Like llama.cpp's CPU kernels, which round a step of many
+rows differently from steps of few, a `SpanPeer` also folds each step's row count into its layer
+states: a replay that regrouped recorded steps (`Forward.steps`) gives other tokens as well.
 
 Faults are scripted per peer: after a given number of Forward frames the peer dies (links reset,
 dials refused), freezes (nothing answers; the caller's timeout passes on the virtual clock), starts
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.compute import embed, run_layers, token_of
+from swarm.route.replay import split_steps
 from swarm.errors import PeerTimeout, PeerUnreachable
 from swarm.route.plan import PeerSpan
 from swarm.wire import Close, Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token
@@ -125,13 +128,19 @@ class SpanPeer:
         if frame.pos0 != pos:
             return Error(ErrorCode.BAD_REQUEST, f"step starts at position {frame.pos0}, session is at {pos}")
         self.forwards += 1
-        out = run_layers(state, self.start, frame.hidden)
+        out = np.concatenate([self._step(state, rows) for rows in split_steps(frame.hidden, frame.steps)])
         self.sessions[session_id][0] = pos + frame.n_tokens
         if self.state == "malformed":
             return Hidden(frame.step, np.zeros((1, 1), np.float32), 0.1)
         if self.end < self.n_layers:
             return Hidden(frame.step, out, 1.0)
         return Token(frame.step, token_of(out), 0.0, (), 1.0)
+
+    def _step(self, state: list[int], rows: np.ndarray) -> np.ndarray:
+        out = run_layers(state, self.start, rows)
+        for i in range(len(state)):  # the step's row count shapes what comes after (module docstring)
+            state[i] ^= rows.shape[0] << 1
+        return out
 
     def after_forward(self) -> None:
         """Apply the scripted fault once `fault_after` Forward frames were handled."""

@@ -12,7 +12,7 @@ no fewer (any change to a frame bumps `PROTOCOL_GENERATION`). Frames that carry 
 after the header are exactly rows * cols * itemsize of row-major data.
 
 Size line: a decode step moves one `Forward` (client → peer) or `Hidden` (peer → client) frame of
-4·n_embd tensor bytes + about 70-100 B of prefix and header (measured: Forward 103-111 B, Hidden 68 B):
+4·n_embd tensor bytes + about 70-100 B of prefix and header (measured: Forward 110-118 B, Hidden 68 B):
 for SmolLM2 (n_embd 576) 2304 B + ~95 B; for Qwen2.5 0.5B (n_embd 896) 3584 B + ~95 B; at
 n_embd 2048, 8 KiB + ~95 B per token per hop. The last span answers with a `Token` frame of
 about 85 B + 15 B per top log-prob. Encode + decode of a [1, 896] f32 Forward: ~8.5 µs.
@@ -40,12 +40,13 @@ from swarm.errors import ProtocolError, RequestError
 from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
-PROTOCOL_GENERATION = 3
+PROTOCOL_GENERATION = 4
 """Version of every frame below; a peer refuses frames of any other generation.
 
 2: prefix KV snapshots (`Open.prefixes`, `OpenOk.restorable` / `fetched_from`, `Forward.restore`).
 3: server push (`Chain`, `Attach`, `Forward.push` / `rewind`, `Hidden.pushed`); `Token.logprob` only
-   when asked (`SamplingParams.logprobs`)."""
+   when asked (`SamplingParams.logprobs`).
+4: `Forward.steps`: one frame replays many recorded steps, each computed as it was first sent."""
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest frame body accepted (header + tensor); clients chunk bigger prefills."""
@@ -73,6 +74,9 @@ SESSION_ID_BYTES = 16
 MAX_PREFIX_OFFERS = 64
 """Most (n_tokens, hash) prefix offers in one Open (see swarm/kv/prefix.py)."""
 PREFIX_HASH_BYTES = 32
+
+MAX_FORWARD_STEPS = 1024
+"""Most steps one `Forward` may carry (`Forward.steps`); keeps the header under MAX_HEADER_BYTES."""
 
 MAX_CHAIN_ADDRS = 16
 """Most multiaddrs of each kind a `Chain` frame may name for the next hop."""
@@ -240,6 +244,11 @@ class Forward:
             chained to (`Chain`), and answer the client with a copy (`Hidden.pushed`).
         rewind: pos0 may lie before the session's position: roll the session back to pos0 first (a
             client finishing a step by relay after a failure, when the hop may already hold it).
+        steps: () for one step, or the row counts of the steps the rows are made of, in order
+            (summing to n_tokens): the peer computes each as its own step, exactly as if each had
+            come in a frame of its own. A client replaying a failed hop's recorded steps sends them
+            so: llama.cpp rounds a matmul over many rows differently from one over a few (ggml-cpu
+            picks its kernel by row count), so regrouped rows would give other KV and outputs.
     """
 
     step: int
@@ -251,10 +260,18 @@ class Forward:
     restore: int = 0
     push: bool = False
     rewind: bool = False
+    steps: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _int("step", self.step, 0, _U64)
         _tensor("hidden", self.hidden, MAX_HIDDEN)
+        if not isinstance(self.steps, tuple) or len(self.steps) > MAX_FORWARD_STEPS:
+            raise ProtocolError(f"field 'steps' must be a tuple of at most {MAX_FORWARD_STEPS} row counts")
+        for n in self.steps:
+            _int("steps[]", n, 1, self.hidden.shape[0])
+        if self.steps and sum(self.steps) != self.hidden.shape[0]:
+            raise ProtocolError(f"field 'steps' sums to {sum(self.steps)} rows, the frame has "
+                                f"{self.hidden.shape[0]}")
         _int("pos0", self.pos0, 0, MAX_CONTEXT_TOKENS - self.hidden.shape[0])
         _bool("sample", self.sample)
         _bool("want_logits", self.want_logits)
@@ -419,7 +436,8 @@ _FIELDS: dict[str, frozenset[str]] = {
     "open_ok": frozenset({"reserved_tokens", "restorable", "fetched_from"}),
     "error": frozenset({"code", "message"}),
     "forward": frozenset(
-        {"step", "pos0", "sample", "want_logits", "all_logits", "restore", "push", "rewind", "dtype", "shape"}
+        {"step", "pos0", "sample", "want_logits", "all_logits", "restore", "push", "rewind", "steps", "dtype",
+         "shape"}
     ),
     "hidden": frozenset({"step", "compute_ms", "pushed", "dtype", "shape"}),
     "token": frozenset({"step", "token", "logprob", "top", "compute_ms", "dtype", "shape"}),
@@ -466,6 +484,7 @@ def _header(frame: Frame) -> tuple[dict[str, Any], np.ndarray | None]:
             "restore": frame.restore,
             "push": frame.push,
             "rewind": frame.rewind,
+            "steps": list(frame.steps),
         }, frame.hidden
     if isinstance(frame, Hidden):
         return {"step": frame.step, "compute_ms": frame.compute_ms, "pushed": frame.pushed}, frame.hidden
@@ -564,6 +583,12 @@ def _decode_pairs(name: str, v: Any) -> tuple:
     return tuple(tuple(p) for p in v)
 
 
+def _decode_ints(name: str, v: Any) -> tuple:
+    if not isinstance(v, list) or len(v) > MAX_FORWARD_STEPS:
+        raise ProtocolError(f"field {name!r} must be a list of at most {MAX_FORWARD_STEPS} integers")
+    return tuple(v)
+
+
 def _decode_strs(name: str, v: Any) -> tuple:
     if not isinstance(v, list):
         raise ProtocolError(f"field {name!r} must be a list")
@@ -582,6 +607,7 @@ def _build(kind: str, h: dict[str, Any], payload: memoryview) -> Frame:
             restore=h["restore"],
             push=h["push"],
             rewind=h["rewind"],
+            steps=_decode_ints("steps", h["steps"]),
         )
     if kind == "hidden":
         hidden = _decode_tensor(h, payload, MAX_HIDDEN)

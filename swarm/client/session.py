@@ -5,11 +5,11 @@ and carries each step (a prefill chunk or a one-token decode step) hop by hop; t
 answers with the sampled token. Every row a hop has been sent is kept, so when a hop fails
 (stream closed, refused, timed out, BUSY, SHUTTING_DOWN, malformed reply) only that hop's layers
 [start, end) are re-planned, the new hop or hops are opened, the failed hop's inputs are replayed
-on them in chunks, and the step goes on: the text equals a fault-free run token for token, since
-each span's output depends only on the rows it was given and the last span samples by position;
-except that llama.cpp rounds a frame of many rows slightly differently from one-row decode steps
-(exact up to 16 rows on SmolLM2, 3 on Qwen 0.5B), so a replay in prefill-sized chunks can flip a
-near-tie. Replaying each recorded block as it was sent is the fix (not built yet).
+on them, and the step goes on: the text equals a fault-free run token for token, since each span's
+output depends only on the steps it was given and the last span samples by position. A replay
+computes every recorded step as it was first sent, many steps to a frame (`Forward.steps`):
+llama.cpp rounds a step of many rows differently from one-row steps, so regrouped rows would drift
+(swarm/route/replay.py).
 
 Server push: given `push_addrs`, the route is chained after every open and failover: a `Chain` to
 each hop (push outputs to the next hop's session, accept pushes from the previous hop's peer), not
@@ -60,8 +60,11 @@ from swarm.errors import (
 )
 from swarm.route.failover import Exclusions, FailoverPolicy, backoff_s, step_timeout_s
 from swarm.route.plan import Hop, PeerSpan, plan_route
+from swarm.route.replay import clip_steps, replay_frames, split_steps
 from swarm.sampling import SamplingParams
-from swarm.wire import MAX_CHAIN_ADDRS, Chain, Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token
+from swarm.wire import (
+    MAX_CHAIN_ADDRS, MAX_FORWARD_STEPS, Chain, Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token,
+)
 
 
 class HopLink(Protocol):
@@ -140,7 +143,8 @@ class _Hop:
     link: HopLink
     telemetry: HopTelemetry
     inputs: list[np.ndarray]
-    """Every `[rows, hidden]` float32 block this hop was sent, from position `base` on: its replay."""
+    """The `[rows, hidden]` float32 rows of every step this hop computed, one block per step, from
+    position `base` on: its replay (a replay computes each block as its own step)."""
     session_id: bytes = b""
     acks_due: int = 0
     """Chain frames sent to the hop whose acknowledgement was not read yet."""
@@ -323,13 +327,14 @@ class RouteSession:
     # -- steps -------------------------------------------------------------------------------------
 
     async def _forward(
-        self, hop: _Hop, pos0: int, x: np.ndarray, push: bool = False, rewind: bool = False
+        self, hop: _Hop, pos0: int, x: np.ndarray, push: bool = False, rewind: bool = False,
+        steps: tuple[int, ...] = (),
     ) -> Hidden | Token:
         last = hop.span.end == self.spec.n_layers
         frame = Forward(step=self._step, pos0=pos0, hidden=x, sample=last, restore=hop.pending_restore,
-                        push=push and not last, rewind=rewind and not hop.pending_restore)
+                        push=push and not last, rewind=rewind and not hop.pending_restore, steps=steps)
         self._step += 1
-        reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy))
+        reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy, steps))
         hop.pending_restore = 0
         return self._checked(hop, reply, x.shape)
 
@@ -437,7 +442,7 @@ class RouteSession:
         closing = asyncio.ensure_future(hop.link.close())
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
-        rows = np.concatenate(hop.inputs)[: self.pos - hop.base] if hop.inputs else None
+        rows = clip_steps(hop.inputs, 0, self.pos - hop.base) if hop.inputs else None
         event = FailoverEvent(hop.peer_id, hop.span.start, hop.span.end, reason, str(error), self.pos)
         self.telemetry.failovers.append(event)
         # The snapshot this generation planned from is seconds old and already lists the failed hop's
@@ -463,15 +468,14 @@ class RouteSession:
         return rebuilt
 
     async def _rebuild(self) -> list[_Hop]:
-        """Close every hop and open a new route over all layers, replayed from the first hop's rows."""
+        """Close every hop and open a new route over all layers, replayed from the first hop's rows
+        (the restored prompt prefix it never computed, in prefill chunks, then its recorded steps)."""
         first = self._hops[0]
-        recorded = np.concatenate(first.inputs)[: self.pos - first.base] if first.inputs else None
-        parts = [self._prefix_rows(first.base)] if first.base else []
-        rows = (
-            np.concatenate(parts + ([recorded] if recorded is not None else []))
-            if parts or recorded is not None
-            else None
-        )
+        chunk = self.policy.replay_chunk_tokens
+        prefix = self._prefix_rows(first.base) if first.base else None
+        rows = [] if prefix is None else [prefix[i : i + chunk] for i in range(0, first.base, chunk)]
+        rows += clip_steps(first.inputs, 0, self.pos - first.base)
+        rows = rows or None
         for h in self._hops:
             h.inputs.clear()
             if h.link in self._links:  # the failed hop's link is already closing beside the failover
@@ -479,10 +483,11 @@ class RouteSession:
         return await self._open_stretch(0, self.spec.n_layers, rows, fresh=False, base=0)
 
     async def _open_stretch(
-        self, start: int, end: int, rows: np.ndarray | None, fresh: bool, base: int = 0
+        self, start: int, end: int, rows: list[np.ndarray] | None, fresh: bool, base: int = 0
     ) -> list[_Hop]:
-        """Open hops chaining layers [start, end) and replay `rows` (positions base..) through them,
-        after the longest prefix all of them can restore (see `_restore_point`).
+        """Open hops chaining layers [start, end) and replay `rows` (recorded steps, one block each,
+        positions base..) through them, after the longest prefix all of them can restore (see
+        `_restore_point`).
         `fresh`: plan the first attempt from a new DHT read (later attempts always read anew). Up to
         max_open_attempts plans, with backoff between them; the last NoRoute is raised as it is.
         Raises:
@@ -508,7 +513,7 @@ class RouteSession:
                 if rows is None:
                     self.pos = max(self.pos, restore)
                 elif restore < self.pos:
-                    await self._replay(opened, rows[restore - base :], restore)
+                    await self._replay(opened, clip_steps(rows, restore - base), restore)
                 return opened
             except _CannotRestore:
                 for h in opened:
@@ -617,16 +622,18 @@ class RouteSession:
         hop.telemetry.fetched_from = reply.fetched_from
         return hop
 
-    async def _replay(self, hops: list[_Hop], rows: np.ndarray, start: int = 0) -> None:
-        """Send `rows` (positions start..) through `hops` in chunks, recording each hop's inputs."""
-        chunk = self.policy.replay_chunk_tokens
-        for i in range(0, rows.shape[0], chunk):
-            x, pos0 = rows[i : i + chunk], start + i
+    async def _replay(self, hops: list[_Hop], blocks: list[np.ndarray], start: int = 0) -> None:
+        """Send recorded steps (one block each, positions start..) through `hops`, many to a frame but
+        each computed as its own step (swarm/route/replay.py), recording each hop's inputs per step."""
+        pos0 = start
+        for x, steps in replay_frames(blocks, self.policy.replay_chunk_tokens, MAX_FORWARD_STEPS):
+            n = x.shape[0]
             for hop in hops:
-                reply = await self._forward(hop, pos0, x)
-                hop.inputs.append(x)
+                reply = await self._forward(hop, pos0, x, steps=steps)
+                hop.inputs.extend(split_steps(x, steps))
                 if isinstance(reply, Hidden):
                     x = np.asarray(reply.hidden, dtype=np.float32)
+            pos0 += n
 
     async def _drop(self, link: HopLink) -> None:
         self._links.discard(link)

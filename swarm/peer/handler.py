@@ -286,7 +286,7 @@ async def _push(rt: SpanRuntime, session: _Session, frame: Forward, out: np.ndar
     try:
         stream = task.result()
         await stream.send(encode_frame(Forward(step=frame.step, pos0=frame.pos0, hidden=out, push=True,
-                                               rewind=frame.rewind)))
+                                               rewind=frame.rewind, steps=frame.steps)))
         if rt.after_push is not None:
             rt.after_push()
         return True
@@ -463,7 +463,7 @@ async def _compute(rt: SpanRuntime, seq_id: int, frame: Forward, sampling: Sampl
     """Run the span through the scheduler, and on the last span sample. Returns the reply frame."""
     hidden = np.ascontiguousarray(frame.hidden, dtype=np.float32)
     all_logits = frame.want_logits and frame.all_logits
-    r = await rt.scheduler.step(seq_id, frame.pos0, hidden, all_logits=all_logits)
+    r = await rt.scheduler.step(seq_id, frame.pos0, hidden, all_logits=all_logits, steps=frame.steps)
     if not rt.executor.is_last:
         return Hidden(step=frame.step, hidden=r.out, compute_ms=r.compute_ms)
     t0 = time.perf_counter()

@@ -199,21 +199,58 @@ class StepScheduler:
         self._last_was_batch = False
 
     async def step(self, seq_id: int, pos0: int, hidden: np.ndarray, *,
-                   all_logits: bool = False) -> StepResult:
+                   all_logits: bool = False, steps: Sequence[int] = ()) -> StepResult:
         """Run the span on `hidden` rows of sequence `seq_id` from `pos0`; batched or chunked.
 
         Args:
             seq_id, pos0, hidden, all_logits: as `SpanExecutor.forward`; hidden [n, n_embd] float32.
+            steps: () for one step, or the row counts (summing to n) of several steps run one after
+                the other, each exactly as if it came alone (wire.Forward.steps).
         Returns:
-            StepResult with the output of the whole step.
+            StepResult with the output of the whole step (of all its steps).
         Raises:
             ExecutorError: as `SpanExecutor.forward`; the sequence is as before the step.
         """
+        if len(steps) > 1:
+            return await self._steps(seq_id, pos0, hidden, all_logits, steps)
         job = _Job(asyncio.get_running_loop().create_future(), seq_id, pos0, hidden, all_logits)
         now = self._run_now(job)
         if now is not None:
             return now
         return await self._submit(job)
+
+    async def _steps(self, seq_id: int, pos0: int, hidden: np.ndarray, all_logits: bool,
+                     steps: Sequence[int]) -> StepResult:
+        """Several steps of one sequence in order; atomic like one step: a failure or cancellation
+        rolls the sequence back to `pos0`."""
+        outs: list[np.ndarray] = []
+        ms, a = 0.0, 0
+        try:
+            for n in steps:
+                r = await self.step(seq_id, pos0 + a, hidden[a : a + n], all_logits=all_logits)
+                outs.append(r.out)
+                ms, a = ms + r.compute_ms, a + n
+        except BaseException:
+            if a:
+                self._queue_rollback(seq_id, pos0)
+            raise
+        last_only = self._executor().is_last and not all_logits
+        return StepResult(outs[-1] if last_only else np.concatenate(outs), ms)
+
+    def _queue_rollback(self, seq_id: int, pos: int) -> None:
+        """Queue a truncate of `seq_id` to `pos` ahead of the sequence's next step, without waiting
+        (the caller may be cancelled)."""
+        ex = self._executor()
+
+        def rollback() -> None:
+            try:
+                ex.truncate(seq_id, pos)
+            except ExecutorError:
+                pass  # the executor is closed or the sequence is gone: nothing left to undo
+
+        self._queue.appendleft(_Job(asyncio.get_running_loop().create_future(), fn=rollback))
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.create_task(self._drain())
 
     def _run_now(self, job: _Job) -> StepResult | None:
         """Fast path for a lone decode step: when nothing is queued or running and the step is

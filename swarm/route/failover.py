@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from swarm.route.plan import PeerSpan
@@ -66,17 +66,22 @@ def backoff_s(attempt: int, policy: FailoverPolicy, rng: random.Random) -> float
     return ceiling * (0.5 + 0.5 * rng.random())
 
 
-def step_timeout_s(span: PeerSpan, n_tokens: int, policy: FailoverPolicy) -> float:
-    """Seconds to wait for a hop's answer to a Forward of `n_tokens` rows.
+def step_timeout_s(span: PeerSpan, n_tokens: int, policy: FailoverPolicy, steps: Sequence[int] = ()) -> float:
+    """Seconds to wait for a hop's answer to a Forward of `n_tokens` rows (of the row counts `steps`,
+    when it carries several steps: wire.Forward.steps).
 
-    floor + slack * (expected compute + round trip), where expected compute is 1 / decode steps/s
-    for one row and n_tokens / prefill tokens/s for more, as the peer announced them. A peer whose
-    announced speed is unusable (zero, infinite) gets the floor alone.
+    floor + slack * (expected compute + round trip), where expected compute is, per step, 1 / decode
+    steps/s for one row and rows / prefill tokens/s for more, as the peer announced them. A peer
+    whose announced speed is unusable (zero, infinite) gets the floor alone.
     """
-    rate = span.decode_steps_per_s if n_tokens <= 1 else span.prefill_tokens_per_s / max(1, n_tokens)
-    compute_s = 1.0 / rate if 0 < rate < math.inf else 0.0
+
+    def compute_s(rows: int) -> float:
+        rate = span.decode_steps_per_s if rows <= 1 else span.prefill_tokens_per_s / max(1, rows)
+        return 1.0 / rate if 0 < rate < math.inf else 0.0
+
     rtt_s = span.rtt_ms / 1000.0 if span.rtt_ms is not None and 0 <= span.rtt_ms < math.inf else 0.0
-    return policy.step_timeout_floor_s + policy.step_timeout_slack * (compute_s + rtt_s)
+    compute = sum(compute_s(k) for k in steps or (n_tokens,))
+    return policy.step_timeout_floor_s + policy.step_timeout_slack * (compute + rtt_s)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ import signal
 import pytest
 
 from swarm import Client
-from swarm.client.remote import SwarmConnection
+from swarm.client.remote import SwarmConnection, connect_swarm
+from swarm.client.telemetry import GenerationTelemetry
+from swarm.sampling import SamplingParams
 from swarm.manifest import build_manifest
 
 from peerproc import PeerSet, oracle, serve_args, signal_tree, wait_for
@@ -124,6 +126,45 @@ def test_generation_survives_its_middle_peer(swarm, expected, sig, reason):
     assert f.replacements == [other] and f.replayed_tokens == f.position >= got.telemetry.prompt_tokens + 4
     assert [h.peer_id for h in got.telemetry.route][1] == other
     swarm.heal()  # also: every live peer's sessions were released
+
+
+def greedy_logprobs(engine, prompt: list[int], n_new: int, kill_at: int | None = None, swarm=None):
+    """(token, logprob) of n_new greedy steps on `engine`; kill -9 the routed middle peer after
+    `kill_at` of them."""
+    telemetry = GenerationTelemetry(backend="swarm")
+    session = engine.open_session(len(prompt) + n_new, SamplingParams(logprobs=True), telemetry)
+    try:
+        r = session.prefill(prompt)
+        out = [(r.token, r.logprob)]
+        while len(out) < n_new:
+            if len(out) == kill_at:
+                victim = swarm.name_of(telemetry.route[1].peer_id)
+                signal_tree(swarm.by_name[victim], signal.SIGKILL)
+                swarm.broken[victim] = signal.SIGKILL
+            r = session.decode(r.token)
+            out.append((r.token, r.logprob))
+    finally:
+        session.close()
+    return out, telemetry
+
+
+def test_a_late_failover_computes_every_replayed_step_as_it_was_first(swarm, smollm2_path):
+    """Killed after 60 decode steps, the middle peer's replacement replays ~90 recorded steps. Sent
+    as 64-row chunks, SmolLM2 rounds them differently from one-row steps, its KV differs, and the
+    log-probs after the failover drift from the fault-free run's (a fresh-user check saw the text
+    change). Replayed as recorded steps (`Forward.steps`), every log-prob is equal, bit for bit."""
+    swarm.heal()
+    tokenizer, engine = connect_swarm(str(smollm2_path), [swarm.join])
+    try:
+        prompt = tokenizer.encode(PROMPT)
+        calm, _ = greedy_logprobs(engine, prompt, 72)
+        got, telemetry = greedy_logprobs(engine, prompt, 72, kill_at=60, swarm=swarm)
+    finally:
+        engine.close()
+    [f] = telemetry.failovers
+    assert f.replayed_tokens == f.position == len(prompt) + 59
+    assert got == calm
+    swarm.heal()
 
 
 def test_seeded_sampling_survives_a_kill(swarm):

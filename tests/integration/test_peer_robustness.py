@@ -285,6 +285,7 @@ def test_wrong_dtype_ends_the_stream(raw):
         "restore": 0,
         "push": False,
         "rewind": False,
+        "steps": [],
         "dtype": "f64",
         "shape": [1, N_EMBD],
     }

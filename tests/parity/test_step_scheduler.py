@@ -215,3 +215,62 @@ def test_a_prefill_failing_in_a_later_chunk_is_rolled_back_whole(smol, span_cach
         assert ex.forward(0, 0, rows[:BLOCK]).shape == (BLOCK, ex.n_embd)  # and the cells are free
     finally:
         ex.close()
+
+
+def test_recorded_steps_in_one_call_equal_them_sent_one_by_one(oracle_for, smol, span_cache):
+    """A failover's replay (wire.Forward.steps): a prompt step and 40 decode steps given in one call
+    compute exactly as they did one by one. Qwen2.5's repacked Q4_K kernels make this the hard case:
+    the same rows regrouped into 64-row chunks differ (0.36 logits measured, docs/benchmarks.md)."""
+    qwen = resolve_model("qwen2.5-coder-0.5b")
+    embedder = TokenEmbedder(qwen)
+    prompt = oracle_for(smol).prompt[:38]  # real token ids < 49152
+    ex = SpanExecutor.for_span(qwen, 0, 24, n_ctx_tokens=1024, n_seq_max=2, n_threads=N_THREADS,
+                               cache_dir=span_cache, n_batch=BLOCK)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            sch = StepScheduler(lambda: ex, asyncio.Lock(), pool, chunk_tokens=BLOCK)
+
+            async def main():
+                rows, outs = [embedder.embed(prompt)], []
+                outs.append((await sch.step(0, 0, rows[0], all_logits=True)).out)
+                for i in range(40):
+                    rows.append(embedder.embed([int(np.argmax(outs[-1][-1]))]))
+                    outs.append((await sch.step(0, len(prompt) + i, rows[-1], all_logits=True)).out)
+                steps = tuple(r.shape[0] for r in rows)
+                replayed = await sch.step(1, 0, np.concatenate(rows), all_logits=True, steps=steps)
+                last_only = await sch.step(1, len(prompt) + 40, rows[-1])  # the session goes on
+                return np.concatenate(outs), replayed, last_only, steps
+
+            one_by_one, replayed, last_only, steps = asyncio.run(main())
+    finally:
+        ex.close()
+    assert steps == (38,) + (1,) * 40
+    assert replayed.out.shape == one_by_one.shape == (78, ex.n_vocab)
+    assert np.array_equal(replayed.out, one_by_one), float(np.abs(replayed.out - one_by_one).max())
+    assert last_only.out.shape == (1, ex.n_vocab)
+
+
+def test_recorded_steps_failing_part_way_are_rolled_back_whole(smol, span_cache):
+    embedder = TokenEmbedder(smol)
+    ex = SpanExecutor.for_span(smol, 0, 15, n_ctx_tokens=256, n_seq_max=2, n_threads=N_THREADS,
+                               cache_dir=span_cache, n_batch=BLOCK)
+    try:
+        ex.forward(1, 0, embedder.embed([5, 6, 7]))
+        rows = embedder.embed(list(range(100, 100 + 4 * BLOCK + 3)))  # 259 rows > the 256 cells
+        steps = (4 * BLOCK - 6,) + (1,) * 9
+
+        async def main():
+            with ThreadPoolExecutor(1) as pool:
+                sch = StepScheduler(lambda: ex, asyncio.Lock(), pool, chunk_tokens=BLOCK)
+                with pytest.raises(ExecutorError, match="KV cache full"):
+                    await sch.step(0, 0, rows, steps=steps)
+                return await sch.call(ex.pos_max, 0), [(k, n) for k, _, n in sch.units]
+
+        pos_max, units = asyncio.run(main())
+        # four prefill chunks, six decode steps, a seventh (the 257th row) finds no cell, the rollback
+        assert units == (
+            [("chunk", BLOCK)] * 3 + [("chunk", BLOCK - 6)] + [("batch", 1)] * 7 + [("call", 0)] * 2
+        )
+        assert [pos_max, ex.pos_max(1)] == [-1, 2]  # the frame is gone whole; the other session stays
+    finally:
+        ex.close()

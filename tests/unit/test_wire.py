@@ -14,6 +14,7 @@ from swarm.wire import (
     MAX_HEADER_BYTES,
     MAX_MESSAGE_CHARS,
     MAX_CHAIN_ADDRS,
+    MAX_FORWARD_STEPS,
     PROTOCOL_GENERATION,
     Attach,
     Chain,
@@ -63,6 +64,7 @@ def _frames():
         ),
         Truncate(pos=12),
         Forward(step=9, pos0=131, hidden=H576, push=True, rewind=True),
+        Forward(step=10, pos0=0, hidden=H_PREFILL, steps=(H_PREFILL.shape[0] - 2, 1, 1)),
         Hidden(step=9, hidden=H576, compute_ms=1.0, pushed=True),
         Chain(next_peer="12D3KooWnext", next_session=bytes(16), next_addrs=("/ip4/10.0.0.2/tcp/4001",),
               next_direct=("/ip4/10.0.0.2/tcp/4002",), prev_peer="12D3KooWprev"),
@@ -89,8 +91,8 @@ def test_round_trip_preserves_every_field(frame):
 
 def test_size_line_decode_frame_is_4_n_embd_plus_small_header():
     body = encode_frame(Forward(step=123456, pos0=100_000, hidden=H576, sample=True))
-    # generation 2 added 'restore' (9 B), generation 3 'push' and 'rewind' (15 B)
-    assert 4 * 576 < len(body) <= 4 * 576 + 111
+    # generation 2 added 'restore' (9 B), generation 3 'push' and 'rewind' (15 B), generation 4 'steps' (7 B)
+    assert 4 * 576 < len(body) <= 4 * 576 + 118
 
 
 def test_decoded_tensor_is_a_readonly_view_without_copy():
@@ -123,6 +125,7 @@ def _fwd_header(**over):
         "restore": 0,
         "push": False,
         "rewind": False,
+        "steps": [],
         "dtype": "f32",
         "shape": [1, 4],
     }
@@ -155,6 +158,9 @@ def _fwd_header(**over):
         (_raw({"k": "error", "code": "busy", "message": "x" * (MAX_MESSAGE_CHARS + 1)}), "'message'"),
         (_raw(_fwd_header(), bytes(15)), "needs 16 B"),
         (_raw(_fwd_header(), bytes(17)), "needs 16 B"),
+        (_raw(_fwd_header(steps=[1, 1]), bytes(16)), "sums to 2 rows"),
+        (_raw(_fwd_header(steps="1"), bytes(16)), "'steps'"),
+        (_raw(_fwd_header(steps=[1.0]), bytes(16)), "'steps"),
         (_raw(_fwd_header(dtype="f64"), bytes(32)), "'dtype'"),
         (_raw(_fwd_header(dtype=None), bytes(16)), "'dtype'"),
         (_raw(_fwd_header(shape=[4]), bytes(16)), "'shape'"),
@@ -282,6 +288,12 @@ def test_open_validation(over, match):
         (lambda: Attach(session_id=bytes(15)), "session_id"),
         (lambda: Forward(step=0, pos0=4, hidden=H576, restore=4, rewind=True), "exclude"),
         (lambda: Forward(step=0, pos0=0, hidden=H576, push=1), "push"),
+        (lambda: Forward(step=0, pos0=0, hidden=H_PREFILL, steps=(1, 1)), "sums to 2 rows"),
+        (lambda: Forward(step=0, pos0=0, hidden=H_PREFILL, steps=(H_PREFILL.shape[0], 0)), "steps"),
+        (lambda: Forward(step=0, pos0=0, hidden=H576, steps=[1]), "tuple"),
+        (lambda: Forward(step=0, pos0=0, hidden=H576, steps=(True,)), "steps"),
+        (lambda: Forward(step=0, pos0=0, hidden=np.zeros((MAX_FORWARD_STEPS + 1, 4), np.float32),
+                         steps=(1,) * (MAX_FORWARD_STEPS + 1)), "at most"),
     ],
 )
 def test_push_frames_validate(make, match):
