@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swarm.errors import SwarmError
+from swarm.proctree import descendants
 from swarm.netaddr import is_ip_maddr
 
 READY_S = 180.0
@@ -160,23 +161,6 @@ def start_local_swarm(
         peers.stop_all()
         raise
     return peers
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant process of `pid` (children first), read from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
 
 
 def signal_tree(peer: PeerProcess, sig: int) -> None:

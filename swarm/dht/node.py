@@ -44,6 +44,7 @@ from swarm.dht.validation import SwarmRecordValidator, blob_name, check_announce
 from swarm.errors import ProtocolError, SwarmError
 from swarm.netaddr import NetConfig, check_net_config, reachable_first, tcp_multiaddr
 from swarm.p2p import SwarmP2P
+from swarm.proctree import die_with_parent
 
 TOMBSTONE_TTL_S = 10.0
 """A withdrawal record lives at least this long (seconds) and always past the announcement it replaces."""
@@ -52,6 +53,19 @@ STORE_ATTEMPTS = 4
 """A store no DHT node accepted is tried this often in all, 0.5, 1 and 2 s apart: a node that has
 just (re)joined may not know any other node yet (seen as a restarted peer failing to start)."""
 """hivemind keeps the record with the later expiration, so each rewrite of a subkey must expire later."""
+
+
+class _BoundDHT(hivemind.DHT):
+    """hivemind's DHT child process, bound to the life of the process that started it: a parent
+    killed with SIGKILL takes the DHT child and its p2pd along (swarm/proctree.py)."""
+
+    def __init__(self, *args, **kwargs):
+        self._parent_pid = os.getpid()
+        super().__init__(*args, **kwargs)
+
+    def run(self) -> None:
+        die_with_parent(self._parent_pid)
+        super().run()
 
 
 class DHTError(SwarmError):
@@ -126,7 +140,7 @@ class SwarmDHT:
         identity = load_or_create_identity(data_dir)
         signer = RSASignatureValidator(identity.private_key)
         announce = None if net.public_address is None else [tcp_multiaddr(net.public_address, net.port)]
-        dht = hivemind.DHT(
+        dht = _BoundDHT(
             initial_peers=list(initial_peers),
             start=False,
             client_mode=client_mode,

@@ -38,7 +38,7 @@ from swarm.kv.sessions import SessionTable
 from swarm.kv.snapshot import local_format
 from swarm.kv.snapshot_store import SnapshotStore
 from swarm.limits import MAX_CONTEXT_TOKENS
-from swarm.localswarm import descendants
+from swarm.proctree import descendants
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model
 from swarm.direct import DirectServer, direct_maddrs, open_stream

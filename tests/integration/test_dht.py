@@ -302,3 +302,47 @@ def test_run_dht_only_prints_maddrs_and_stops_on_sigterm(loop, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_node_killed_with_sigkill_leaves_no_dht_process_or_p2pd_behind(tmp_path):
+    """A client or peer process killed with -9 runs no shutdown: hivemind's DHT child and its p2pd
+    must still end (swarm/proctree.py), not live on holding ports and the node's identity."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from swarm.proctree import descendants
+
+    repo = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys; from swarm.dht.node import run_dht_only; run_dht_only([], '127.0.0.1', 0, sys.argv[1])"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "doomed")], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline().startswith("/ip4/127.0.0.1/tcp/")  # the node is up
+        tree = descendants(proc.pid)
+        names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in tree}
+        assert "p2pd" in names and "python" in names, names  # the DHT child and its daemon
+    finally:
+        proc.kill()
+        proc.wait()
+
+    def live() -> list[int]:
+        out = []
+        for pid in tree:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                out.append(pid)
+        return out
+
+    try:
+        wait_for(live, "every process the killed node started has ended", until=lambda pids: not pids)
+    finally:
+        for pid in live():
+            os.kill(pid, signal.SIGKILL)
