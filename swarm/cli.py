@@ -362,6 +362,7 @@ def _demo(args) -> int:
         try:
             for p in peers.started[1:]:
                 print(f"  peer {p.peer_id[:16]}… ready", file=sys.stderr)
+            print(f"prompt: {args.prompt}", file=sys.stderr)
             with Client(str(path), initial_peers=peers.started[0].maddrs) as client:
                 stream = client.chat_stream(
                     [{"role": "user", "content": args.prompt}], max_new_tokens=args.max_new_tokens

@@ -1,9 +1,14 @@
-"""`swarm status`: who serves which layers of a model, whether they chain into a route, how fast."""
+"""`swarm status`: who serves which layers of a model, whether they chain into a route, how fast.
+
+A peer's record outlives the peer: one killed with -9 stays announced until its record expires, so
+`swarm status` pings every announced peer and counts only those that answer.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.table import Table
@@ -13,7 +18,7 @@ from swarm.client.remote import SwarmConnection
 from swarm.dht.records import Announcement
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model
-from swarm.errors import NoRoute
+from swarm.errors import NoRoute, SwarmError
 from swarm.route.chains import ChainReport, analyze_chains
 from swarm.route.plan import RoutePlan, layer_ranges, plan_route
 from swarm.route.snapshot import peer_spans
@@ -31,6 +36,8 @@ class StatusReport:
         best_route: the planner's route over peers with a free session slot (compute cost plus
             no network: status measures no RTTs), or None when there is none.
         no_route: why `best_route` is None (the planner's NoRoute message), else None.
+        rtt_ms: peer id -> ping round trip in ms, None for a peer that did not answer; empty when
+            nobody was pinged. Peers that did not answer are left out of `chains` and `best_route`.
     """
 
     model_id: str
@@ -39,6 +46,12 @@ class StatusReport:
     chains: ChainReport
     best_route: RoutePlan | None
     no_route: str | None
+    rtt_ms: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def silent(self) -> list[Announcement]:
+        """Announced peers that did not answer a ping (crashed, frozen or unreachable)."""
+        return [p for p in self.peers if p.peer_id in self.rtt_ms and self.rtt_ms[p.peer_id] is None]
 
     @property
     def covered(self) -> bool:
@@ -67,12 +80,17 @@ class StatusReport:
             },
             "no_route": self.no_route,
             "dead_ends": [dataclasses.asdict(d) for d in self.chains.dead_ends],
-            "peers": [dataclasses.asdict(p) for p in self.peers],
+            "peers": [
+                {**dataclasses.asdict(p), "answered": self.rtt_ms.get(p.peer_id, 0.0) is not None,
+                 "rtt_ms": self.rtt_ms.get(p.peer_id)}
+                for p in self.peers
+            ],
         }
 
     def print_table(self) -> None:
         """Human table and route verdict on stdout."""
         dead = {d.peer_id: d.reason for d in self.chains.dead_ends}
+        silent = self.silent
         table = Table(title=f"model {self.model_id[:16]}… ({self.n_layers} layers)")
         for col in (
             "peer",
@@ -81,6 +99,7 @@ class StatusReport:
             "prefill tok/s",
             "free cache",
             "sessions free",
+            "rtt",
             "chain",
             "name",
         ):
@@ -93,7 +112,9 @@ class StatusReport:
                 f"{p.prefill_tokens_per_s:.0f}",
                 str(p.free_cache_tokens),
                 f"{p.sessions_free}/{p.max_sessions}",
-                f"dead end ({_DEAD_END_WORDS[dead[p.peer_id]]})" if p.peer_id in dead else "ok",
+                _rtt_words(self.rtt_ms, p.peer_id),
+                "no answer" if p in silent
+                else f"dead end ({_DEAD_END_WORDS[dead[p.peer_id]]})" if p.peer_id in dead else "ok",
                 p.public_name or "",
             )
         console = Console()
@@ -120,6 +141,9 @@ class StatusReport:
             )
         for d in self.chains.dead_ends:
             lines.append(f"dead end: {d.start}:{d.end} on {d.peer_id[:16]}… ({_DEAD_END_WORDS[d.reason]})")
+        for p in self.silent:
+            lines.append(f"no answer: {p.start}:{p.end} on {p.peer_id[:16]}… is announced but did not answer "
+                         "a ping (crashed, frozen or unreachable; its record lapses when it expires)")
         return lines
 
 
@@ -130,24 +154,40 @@ _DEAD_END_WORDS = {
 }
 
 
-def status_report(model_id: str, n_layers: int, announcements) -> StatusReport:
+def _rtt_words(rtt_ms: dict[str, float | None], peer_id: str) -> str:
+    if peer_id not in rtt_ms:
+        return ""
+    ms = rtt_ms[peer_id]
+    return "no answer" if ms is None else f"{ms:.1f} ms"
+
+
+PING_TIMEOUT_S = 3.0
+"""How long `swarm status` waits for one announced peer to answer a ping, seconds."""
+
+
+def status_report(
+    model_id: str, n_layers: int, announcements, rtt_ms: dict[str, float | None] | None = None
+) -> StatusReport:
     """Analyse announcements of one model (pure).
 
     Args:
         announcements: `Announcement`s read from the DHT.
+        rtt_ms: ping results by peer id (None: no answer); peers without an answer are left out of
+            the route analysis. None: nobody was pinged, every announcement counts.
     """
+    rtt_ms = dict(rtt_ms or {})
     peers = tuple(sorted(announcements, key=lambda a: (a.start, a.end, a.peer_id)))
-    spans = peer_spans(peers)
+    spans = peer_spans([p for p in peers if rtt_ms.get(p.peer_id, 0.0) is not None])
     best, why = None, None
     try:
         best = plan_route(spans, n_layers, need_tokens=1, default_rtt_ms=0.0)
     except NoRoute as e:
         why = str(e)
-    return StatusReport(model_id, n_layers, peers, analyze_chains(spans, n_layers), best, why)
+    return StatusReport(model_id, n_layers, peers, analyze_chains(spans, n_layers), best, why, rtt_ms)
 
 
 def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
-    """Read the model's announcements through a throwaway client DHT node.
+    """Read the model's announcements through a throwaway client DHT node, and ping every peer.
 
     Raises:
         ModelError, SwarmError: model or DHT problems.
@@ -156,9 +196,24 @@ def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
     try:
         manifest = model_manifest(conn, model)
         peers = conn.announcements(manifest.model_id)
+        rtt_ms = conn.loop.run(_ping_all(conn, peers), timeout_s=PING_TIMEOUT_S * 4)
     finally:
         conn.close()
-    return status_report(manifest.model_id, manifest.n_layers, peers)
+    return status_report(manifest.model_id, manifest.n_layers, peers, rtt_ms)
+
+
+async def _ping_all(conn: SwarmConnection, peers) -> dict[str, float | None]:
+    """Ping round trip (ms) of each announced peer at its announced addresses; None: no answer."""
+
+    async def ping(a: Announcement) -> float | None:
+        try:
+            async with asyncio.timeout(PING_TIMEOUT_S * 2):  # dialling has no timeout of its own
+                return await conn.dht.transport.ping(a.peer_id, a.addrs, timeout_s=PING_TIMEOUT_S)
+        except (SwarmError, TimeoutError):
+            return None
+
+    rtts = await asyncio.gather(*(ping(a) for a in peers))
+    return {a.peer_id: ms for a, ms in zip(peers, rtts)}
 
 
 def model_manifest(conn: SwarmConnection, model: str) -> Manifest:

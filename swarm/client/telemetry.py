@@ -128,7 +128,8 @@ class GenerationTelemetry:
             line += f", {self.reused_tokens} prompt tokens reused"
         for f in self.failovers:
             line += (
-                f"\n  failover [{f.start}:{f.end}) {f.peer_id[:12]}… ({f.reason}) at token {f.position}: "
+                f"\n  failover [{f.start}:{f.end}) {f.peer_id[:12]}… ({f.reason}) "
+                f"after {_generated(f.position, self.prompt_tokens)}: "
                 f"replayed {f.replayed_tokens} tokens, stall {f.stall_ms:.0f} ms"
             )
         for hop in self.route:
@@ -139,3 +140,12 @@ class GenerationTelemetry:
                 + (f"  {hop.pushed_steps} steps pushed in" if hop.pushed_steps else "")
             )
         return line
+
+
+def _generated(position: int, prompt_tokens: int) -> str:
+    """Where a failover happened, in the words a user reads. `position` counts the session's tokens:
+    the prompt, then each generated token once it is fed back, so the failing step of a decode at
+    position p had produced p - prompt + 1 tokens (the first one came from the prefill)."""
+    if position < prompt_tokens:
+        return f"{position} of {prompt_tokens} prompt tokens"
+    return f"{position - prompt_tokens + 1} generated tokens"

@@ -127,6 +127,26 @@ def test_killed_peer_is_dropped_once_its_record_expires(base, smollm2_path, watc
     assert got.text == expected
 
 
+def test_status_shows_a_killed_peer_whose_record_lives_on_as_not_answering(base, smollm2_path, watcher, model_id):
+    """A peer killed with -9 stays announced until its record expires (75 s at the default period):
+    `swarm status` pings every peer, shows it as not answering and routes without it."""
+    from swarm.client.status import swarm_status
+
+    k = start_whole(base, smollm2_path, "k_status")  # default announce period: records live 75 s
+    wait_for(lambda: announced(watcher, model_id).get(k.peer_id), "the new peer's record")
+    for pid in descendants(k.proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    k.stop(signal.SIGKILL)
+    report = swarm_status(str(smollm2_path), [base.started[0].maddrs[0]])
+    assert k.peer_id in {p.peer_id for p in report.peers}  # its record is still there
+    assert report.rtt_ms[k.peer_id] is None and [p.peer_id for p in report.silent] == [k.peer_id]
+    assert all(report.rtt_ms[i] > 0 for i in base_ids(base))
+    assert [h.peer_id for h in report.best_route.hops] == base_ids(base)  # not the dead 0:30 peer
+    assert any(line.startswith("no answer: 0:30") for line in report.verdict())
+    row = next(p for p in report.to_dict()["peers"] if p["peer_id"] == k.peer_id)
+    assert (row["answered"], row["rtt_ms"]) == (False, None)
+
+
 def test_full_peer_is_routed_around(base, smollm2_path, watcher, model_id, expected, tmp_path):
     c = start_whole(base, smollm2_path, "full", "--max-sessions", "1", "--announce-period", "1")
     raw = RawClient(c, model_id, tmp_path / "raw")

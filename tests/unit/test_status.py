@@ -1,0 +1,43 @@
+"""swarm.client.status: peers that do not answer a ping are shown so and routed around (pure part)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from swarm.client.status import status_report
+from swarm.dht.records import Announcement
+
+
+def ann(peer_id: str, start: int, end: int, steps_per_s: float) -> Announcement:
+    return Announcement(peer_id=peer_id, addrs=(), model_id="ab" * 8, start=start, end=end,
+                        decode_steps_per_s=steps_per_s, prefill_tokens_per_s=900.0,
+                        free_cache_tokens=4096, max_sessions=8, sessions_free=8, version="0",
+                        protocol=4, public_name="", expires_at=1.7e9)
+
+
+PEERS = [ann("fast-whole", 0, 30, 100.0), ann("a", 0, 15, 50.0), ann("b", 15, 30, 50.0)]
+
+
+def test_without_pings_every_announcement_counts():
+    report = status_report("ab" * 8, 30, PEERS)
+    assert [h.peer_id for h in report.best_route.hops] == ["fast-whole"]
+    assert report.silent == [] and report.rtt_ms == {}
+
+
+def test_a_peer_that_did_not_answer_is_shown_and_routed_around(capsys):
+    report = status_report("ab" * 8, 30, PEERS, {"fast-whole": None, "a": 1.5, "b": 2.0})
+    assert [h.peer_id for h in report.best_route.hops] == ["a", "b"]
+    assert [p.peer_id for p in report.silent] == ["fast-whole"]
+    assert report.chains.complete and report.covered
+    assert report.verdict()[-1].startswith("no answer: 0:30 on fast-whole")
+    rows = {p["peer_id"]: (p["answered"], p["rtt_ms"]) for p in report.to_dict()["peers"]}
+    assert rows == {"fast-whole": (False, None), "a": (True, 1.5), "b": (True, 2.0)}
+    report.print_table()
+    out = capsys.readouterr().out
+    assert "no answer" in out and "1.5 ms" in out
+
+
+def test_only_silent_peers_on_a_layer_leave_it_uncovered():
+    report = status_report("ab" * 8, 30, [PEERS[0], PEERS[1]], {"fast-whole": None, "a": 1.0})
+    assert not report.covered and report.best_route is None
+    assert dataclasses.asdict(report.silent[0])["peer_id"] == "fast-whole"

@@ -1,0 +1,18 @@
+"""swarm.client.telemetry: the summary line a user reads."""
+
+from __future__ import annotations
+
+from swarm.client.telemetry import FailoverEvent, GenerationTelemetry
+
+
+def test_summary_says_where_a_failover_happened_in_generated_or_prompt_tokens():
+    t = GenerationTelemetry(backend="swarm", prompt_tokens=30)
+    t.failovers = [
+        FailoverEvent("12D3KooWaaaaaaaaaaaa", 10, 20, "unreachable", "reset", position=30 + 59,
+                      replayed_tokens=89, stall_ms=812.0),
+        FailoverEvent("12D3KooWbbbbbbbbbbbb", 0, 10, "timeout", "no frame", position=16),
+    ]
+    lines = t.summary().splitlines()
+    assert lines[1] == ("  failover [10:20) 12D3KooWaaaa… (unreachable) after 60 generated tokens: "
+                        "replayed 89 tokens, stall 812 ms")
+    assert "(timeout) after 16 of 30 prompt tokens:" in lines[2]
