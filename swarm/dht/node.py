@@ -49,10 +49,10 @@ from swarm.proctree import die_with_parent
 TOMBSTONE_TTL_S = 10.0
 """A withdrawal record lives at least this long (seconds) and always past the announcement it replaces."""
 _EXPIRATION_STEP_S = 0.001
-STORE_ATTEMPTS = 4
-"""A store no DHT node accepted is tried this often in all, 0.5, 1 and 2 s apart: a node that has
-just (re)joined may not know any other node yet (seen as a restarted peer failing to start)."""
 """hivemind keeps the record with the later expiration, so each rewrite of a subkey must expire later."""
+STORE_ATTEMPTS = 6
+"""A store no DHT node accepted is tried this often in all, 0.5, 1, 2, 2 and 2 s apart: a node that
+has just (re)joined may not know any other node yet (seen as a peer failing to start)."""
 
 
 class _BoundDHT(hivemind.DHT):
@@ -304,7 +304,10 @@ class SwarmDHT:
     async def _store(self, key: str, subkey: bytes, value, expires_at: float) -> None:
         ok = await self._dht.store(key, value, expiration_time=expires_at, subkey=subkey, return_future=True)
         if not ok:
-            raise DHTError(f"no DHT node accepted the record under {key!r} (no peers, or a newer one exists)")
+            raise DHTError(
+                f"no DHT node accepted the record under {key!r}: this node knows no other DHT node yet "
+                "(are the initial peers up and reachable?), or the DHT holds a newer record"
+            )
 
     async def _get_entries(self, key: str) -> list[tuple[bytes, object, float]]:
         """(subkey, value, expiration) of every subkey under `key`, newest copy found in the DHT."""

@@ -127,7 +127,9 @@ def test_killed_peer_is_dropped_once_its_record_expires(base, smollm2_path, watc
     assert got.text == expected
 
 
-def test_status_shows_a_killed_peer_whose_record_lives_on_as_not_answering(base, smollm2_path, watcher, model_id):
+def test_status_shows_a_killed_peer_whose_record_lives_on_as_not_answering(
+    base, smollm2_path, watcher, model_id
+):
     """A peer killed with -9 stays announced until its record expires (75 s at the default period):
     `swarm status` pings every peer, shows it as not answering and routes without it."""
     from swarm.client.status import swarm_status
