@@ -230,6 +230,8 @@ class StepScheduler:
                 r = await self.step(seq_id, pos0 + a, hidden[a : a + n], all_logits=all_logits)
                 outs.append(r.out)
                 ms, a = ms + r.compute_ms, a + n
+                # a step run inline returns without yielding: let pings and other sessions in
+                await asyncio.sleep(0)
         except BaseException:
             if a:
                 self._queue_rollback(seq_id, pos0)
