@@ -10,12 +10,15 @@ Same model, prompt and steps for every setting (1 thread per peer, greedy, ~128-
   With --all also, on peers started with the older 2 ms inline threshold (--inline-max-ms) and on
   peers pinned one core each, round-robin (taskset -a): direct/relay/2ms, libp2p/relay/2ms,
   direct/push/pinned.
+  With --loops also, peers and client on asyncio's own event loop instead of uvloop's
+  (SWARM_EVENT_LOOP=asyncio, swarm/eventloop.py): direct/relay/asyncio, direct/push/asyncio.
 Per-hop overhead = (client's step time - the hops' reported compute) / hops, p50 (bench_swarm.py's
 measure). The client and peer processes are the same for every client setting: the client switches
 with `RemoteEngine.transport.direct` and `RemoteEngine.push`, the peers offer all. Prints one JSON
 object.
 
-    .venv/bin/python scripts/bench_hops.py [--model smollm2-135m] [--decode 64] [--repeats 2] [--all]
+    .venv/bin/python scripts/bench_hops.py [--model smollm2-135m] [--decode 64] [--repeats 2] \
+        [--all] [--loops]
 """
 
 from __future__ import annotations
@@ -35,14 +38,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_swarm as bs  # noqa: E402 - sibling script: whole-model and swarm measurements
 
 from swarm import Client  # noqa: E402
+from swarm.eventloop import EVENT_LOOP_ENV  # noqa: E402
 from swarm.manifest import build_manifest  # noqa: E402
 from swarm.models import resolve_model  # noqa: E402
 
 from peerproc import PeerSet  # noqa: E402 - tests/integration, put on sys.path by bench_swarm
 
 
-def start(root: Path, path: Path, n_layers: int, inline_ms: float, pin: bool) -> PeerSet:
-    """Three peers for equal thirds of the layers, 1 thread each; pinned round-robin when `pin`."""
+def start(root: Path, path: Path, n_layers: int, inline_ms: float, pin: bool, loop: str) -> PeerSet:
+    """Three peers for equal thirds of the layers, 1 thread each, on event loop `loop`; pinned
+    round-robin when `pin`."""
     cuts = [0, n_layers // 3, 2 * n_layers // 3, n_layers]
     ps = PeerSet(root)
     cores = itertools.cycle(sorted(os.sched_getaffinity(0)))
@@ -51,7 +56,7 @@ def start(root: Path, path: Path, n_layers: int, inline_ms: float, pin: bool) ->
             join = ("--new-swarm",) if i == 0 else ("--initial-peers", ps.started[0].maddrs[0])
             peer = ps.start(f"p{i}", "serve", "--model", str(path), "--layers", f"{cuts[i]}:{cuts[i + 1]}",
                             "--threads", "1", "--cache-tokens", "2048", "--inline-max-ms", str(inline_ms),
-                            *join)
+                            *join, env={EVENT_LOOP_ENV: loop})
             if pin:
                 subprocess.run(["taskset", "-a", "-cp", str(next(cores)), str(peer.proc.pid)],
                                check=True, capture_output=True)
@@ -62,9 +67,10 @@ def start(root: Path, path: Path, n_layers: int, inline_ms: float, pin: bool) ->
 
 
 def measure(path: Path, prompt: str, n_decode: int, ps: PeerSet, direct: bool, push: bool,
-            repeats: int) -> dict:
+            repeats: int, loop: str) -> dict:
     """Best of `repeats` generations (by decode tokens/s) through `ps`: direct streams or libp2p,
-    server push or relay."""
+    server push or relay, the client on event loop `loop`."""
+    os.environ[EVENT_LOOP_ENV] = loop  # read when the client's loop thread starts
     with Client(str(path), initial_peers=ps.started[0].maddrs) as client:
         client._engine.transport.direct = direct  # noqa: SLF001 - the engine's documented switches
         client._engine.push = push  # noqa: SLF001
@@ -79,6 +85,7 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--all", action="store_true", help="also the 2 ms inline threshold and pinned peers")
+    ap.add_argument("--loops", action="store_true", help="also peers and client on asyncio's event loop")
     args = ap.parse_args()
     path = resolve_model(args.model)
     n_layers = build_manifest(path).n_layers
@@ -90,17 +97,21 @@ def main() -> None:
     out["whole"] = whole
     settings = {}
     both = [(d, p) for p in (False, True) for d in (False, True)]
-    peer_sets = [(10.0, False, both)]
+    peer_sets = [(10.0, False, "uvloop", both)]
+    if args.loops:
+        peer_sets += [(10.0, False, "asyncio", [(True, False), (True, True)])]
     if args.all:
-        peer_sets += [(2.0, False, [(False, False), (True, False)]), (10.0, True, [(True, True)])]
+        peer_sets += [(2.0, False, "uvloop", [(False, False), (True, False)]),
+                      (10.0, True, "uvloop", [(True, True)])]
     with tempfile.TemporaryDirectory(prefix="bench-hops-") as tmp:
-        for i, (inline_ms, pin, clients) in enumerate(peer_sets):
-            ps = start(Path(tmp) / f"s{i}", path, n_layers, inline_ms, pin)
+        for i, (inline_ms, pin, loop, clients) in enumerate(peer_sets):
+            ps = start(Path(tmp) / f"s{i}", path, n_layers, inline_ms, pin, loop)
             try:
                 for direct, push in clients:
                     name = f"{'direct' if direct else 'libp2p'}/{'push' if push else 'relay'}" + (
-                        "/pinned" if pin else "" if inline_ms == 10.0 else f"/{inline_ms:g}ms")
-                    settings[name] = measure(path, prompt, args.decode, ps, direct, push, args.repeats)
+                        "/pinned" if pin else "" if inline_ms == 10.0 else f"/{inline_ms:g}ms") + (
+                        "" if loop == "uvloop" else f"/{loop}")
+                    settings[name] = measure(path, prompt, args.decode, ps, direct, push, args.repeats, loop)
             finally:
                 ps.stop_all()
     out["swarm"] = settings

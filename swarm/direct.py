@@ -192,6 +192,15 @@ class DirectServer:
         await stream.send(ticket + key)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._serve_connection(reader, writer)
+        except asyncio.CancelledError:
+            # The peer is closing (SwarmP2P.close cancels every handler). This is the connection's
+            # own task, started by asyncio.start_server, and asyncio (3.11) logs a cancelled one as
+            # an error with a traceback: end it normally instead.
+            writer.close()
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         hello = StreamSession("(unauthenticated)", DIRECT_PROTOCOL, reader, writer, TICKET_BYTES)
         try:
             ticket = await hello.recv(HELLO_TIMEOUT_S)

@@ -24,6 +24,7 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
+from swarm import eventloop
 from swarm.artifacts.distribute import acquire, client_ranges
 from swarm.artifacts.session import ArtifactSession, SessionConfig
 from swarm.client.generate import StepResult
@@ -61,7 +62,7 @@ class LoopThread:
     """An asyncio loop in a daemon thread; `run(coro)` executes a coroutine there and waits."""
 
     def __init__(self):
-        self.loop = asyncio.new_event_loop()
+        self.loop = eventloop.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="swarm-client-loop", daemon=True)
         self._thread.start()
 

@@ -31,6 +31,7 @@ from swarm.artifacts.session import ArtifactSession, SessionConfig
 from swarm.dht.identity import resolve_data_dir
 from swarm.dht.node import SwarmDHT
 from swarm.dht.records import MAX_PUBLIC_NAME_CHARS
+from swarm import eventloop
 from swarm.errors import AddressError, SwarmError
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.prefix import PREFIX_BLOCK_TOKENS
@@ -574,4 +575,4 @@ def serve_forever(cfg: ServeConfig) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    asyncio.run(serve(cfg))
+    eventloop.run(serve(cfg))

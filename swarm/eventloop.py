@@ -1,0 +1,54 @@
+"""The asyncio event loop of a peer process and of the client's loop thread: uvloop's where it is
+installed (a hivemind dependency), else asyncio's own.
+
+uvloop (libuv) hands a process a socket's bytes with less work per wake-up: a loopback round trip
+of two processes costs ~0.11 ms with uvloop vs ~0.24 ms with asyncio's selector loop on this
+project's machine kind, ~0.23 vs ~0.36 ms when both wake from idle (scripts/bench_event_loop.py,
+docs/benchmarks.md), and a token crosses one such trip per hop.
+
+`SWARM_EVENT_LOOP=asyncio` selects asyncio's loop (to compare, or to rule the loop out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+EVENT_LOOP_ENV = "SWARM_EVENT_LOOP"
+"""Environment variable: "asyncio" for asyncio's loop; unset or "uvloop" for uvloop's."""
+
+
+def loop_kind() -> str:
+    """"uvloop" or "asyncio": the loop `new_event_loop` makes in this environment.
+
+    Raises:
+        ValueError: SWARM_EVENT_LOOP names another loop.
+    """
+    want = os.environ.get(EVENT_LOOP_ENV, "uvloop") or "uvloop"
+    if want not in ("uvloop", "asyncio"):
+        raise ValueError(f"{EVENT_LOOP_ENV} must be 'uvloop' or 'asyncio', got {want!r}")
+    if want == "uvloop":
+        try:
+            import uvloop  # noqa: F401 - only whether it is installed
+        except ImportError:
+            return "asyncio"
+    return want
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop of `loop_kind()`."""
+    if loop_kind() == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` on a loop of `loop_kind()`."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(main)
