@@ -61,6 +61,21 @@ class NoRoute(SwarmError):
         self.missing = missing
 
 
+class SessionTooLong(NoRoute):
+    """Peers serve the missing layers, but none of them takes a session this long: the prompt plus
+    the tokens to generate exceed their per-session KV cap. Retrying will not help; a shorter
+    prompt or fewer new tokens will.
+
+    Attributes:
+        need_tokens: KV tokens the session asked every hop for.
+        most_tokens: the most any peer serving a missing layer offers one session.
+    """
+
+    def __init__(self, message: str, missing: tuple[int, ...], need_tokens: int, most_tokens: int):
+        super().__init__(message, missing)
+        self.need_tokens, self.most_tokens = need_tokens, most_tokens
+
+
 class ArtifactError(SwarmError):
     """Fetching, verifying or seeding model bytes failed (bad hash, no seeders, disk full)."""
 

@@ -161,8 +161,12 @@ def create_app(service: ModelService, monitor: HealthMonitor | None, metrics: Ap
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        message = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
+        if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+            why = (first.get("ctx") or {}).get("error", "")
+            message, param = f"the request body is not valid JSON: {why or first.get('msg', '')}", None
+        else:
+            param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+            message = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
         count_refusal(request, 400)
         return JSONResponse(oa.ApiError(400, message, param=param).body(), status_code=400)
 

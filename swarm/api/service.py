@@ -7,9 +7,9 @@ cancel flag after each one, so a client that goes away stops its generation with
 the stream's sessions are closed on every peer (`TokenStream.close`).
 
 Errors of the swarm become `ApiError`s with the HTTP status the API promises: 400 for a bad request
-(and `context_length_exceeded` past the model's context), 413 for a prompt over the 131,072-token
-cap, 503 with Retry-After when no route (or no free session) exists, 502 for a generation the swarm
-failed. This module does not know HTTP beyond those numbers.
+(and `context_length_exceeded` past the model's context, or past what any peer takes per session),
+413 for a prompt over the 131,072-token cap, 503 with Retry-After when no route (or no free session)
+exists, 502 for a generation the swarm failed. This module does not know HTTP beyond those numbers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from swarm.api.openai_schema import ApiError
 from swarm.client.api import Client
 from swarm.client.generate import Generation, TokenStream
-from swarm.errors import Busy, NoRoute, RequestError, SwarmError
+from swarm.errors import Busy, NoRoute, RequestError, SessionTooLong, SwarmError
 from swarm.limits import MAX_CONTEXT_TOKENS
 
 DEFAULT_MAX_TOKENS = 512
@@ -116,6 +116,8 @@ def api_error(e: BaseException) -> ApiError:
         return e
     if isinstance(e, RequestError):
         return ApiError(400, str(e))
+    if isinstance(e, SessionTooLong):  # no peer takes a session this long: retrying cannot help
+        return ApiError(400, str(e), code="context_length_exceeded")
     if isinstance(e, (NoRoute, Busy)):
         code = "no_route" if isinstance(e, NoRoute) else "busy"
         return ApiError(503, str(e), type="server_error", code=code, retry_after_s=RETRY_AFTER_S)

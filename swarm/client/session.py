@@ -55,6 +55,7 @@ from swarm.errors import (
     PeerTimeout,
     PeerUnreachable,
     ProtocolError,
+    SessionTooLong,
     ShuttingDown,
     SwarmError,
 )
@@ -497,6 +498,8 @@ class RouteSession:
             await self._sleep(backoff_s(attempt, self.policy, self._rng))
             try:
                 hops, spans = await self._plan(start, end, fresh=fresh or attempt > 0)
+            except SessionTooLong:
+                raise  # no peer will take a session this long, however often we ask
             except NoRoute:
                 # A DHT read right after a peer froze or restarted can miss live records for a moment.
                 if attempt + 1 == self.policy.max_open_attempts:

@@ -27,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from swarm.errors import NoRoute, RequestError
+from swarm.errors import NoRoute, RequestError, SessionTooLong
 
 DEFAULT_RTT_MS = 50.0
 """Round trip assumed for a peer whose RTT has not been measured yet."""
@@ -114,14 +114,14 @@ def _skip_reason(p: PeerSpan, n_layers: int, need_tokens: int, exclude: frozense
 
 
 def layer_ranges(layers) -> str:
-    """Ascending layers as compact ranges: [1, 2, 3, 7] → "1-3, 7"."""
+    """Ascending layers as half-open spans, written as everywhere else: [1, 2, 3, 7] → "1:4, 7:8"."""
     runs: list[list[int]] = []
     for layer in layers:
         if runs and layer == runs[-1][1] + 1:
             runs[-1][1] = layer
         else:
             runs.append([layer, layer])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return ", ".join(f"{a}:{b + 1}" for a, b in runs)
 
 
 def plan_route(
@@ -151,15 +151,23 @@ def plan_route(
     Raises:
         RequestError: bad arguments (layer range, negative tokens or RTT).
         NoRoute: some layer in [start, end) has no usable span (`.missing` lists them), or all are
-            covered but no chain of whole spans joins start to end (`.missing` empty).
+            covered but no chain of whole spans joins start to end (`.missing` empty); no peers at all.
+        SessionTooLong: (a NoRoute) every peer serving a missing layer is usable but for offering a
+            session fewer than need_tokens KV tokens.
     """
     end = n_layers if end is None else end
     if not 0 <= start < end <= n_layers:
         raise RequestError(f"layer range [{start}, {end}) is not inside a {n_layers}-layer model")
     if need_tokens < 0 or prefill_tokens < 0 or not 0 <= default_rtt_ms < math.inf:
         raise RequestError("need_tokens, prefill_tokens and default_rtt_ms must be >= 0")
+    if not peers:
+        raise NoRoute("no peer announces this model: nobody serves it on this swarm (is it the model the "
+                      "peers serve, and are the initial peers in its swarm?)",
+                      missing=tuple(range(start, end)))
     skipped: list[tuple[str, str]] = []
     most_free = 0  # the most KV tokens a peer skipped for cache_full offers a new session
+    too_small: list[PeerSpan] = []  # skipped only because the session is longer than they offer
+    other_skipped: list[PeerSpan] = []  # skipped for a reason that may pass (excluded, no free slot)
     by_start: dict[int, list[PeerSpan]] = {}
     for p in peers:
         reason = _skip_reason(p, n_layers, need_tokens, exclude)
@@ -167,6 +175,9 @@ def plan_route(
             skipped.append((p.peer_id, reason))
             if reason == "cache_full":
                 most_free = max(most_free, p.free_cache_tokens)
+                too_small.append(p)
+            elif reason != "bad_span":
+                other_skipped.append(p)
         elif start <= p.start and p.end <= end:
             by_start.setdefault(p.start, []).append(p)
 
@@ -202,6 +213,18 @@ def plan_route(
         + (f": the most any of them offers a new session is {most_free}" if counts["cache_full"] else "")
         + ")"
     )
+    if missing and all(
+        any(p.start <= layer < p.end for p in too_small)
+        and not any(p.start <= layer < p.end for p in other_skipped)
+        for layer in missing
+    ):
+        most = max(p.free_cache_tokens for p in too_small if any(p.start <= m < p.end for m in missing))
+        raise SessionTooLong(
+            f"this session needs {need_tokens} KV tokens (prompt + tokens to generate), but the peers "
+            f"serving layers {layer_ranges(missing)} take at most {most} per session: shorten the "
+            "prompt or ask for fewer new tokens",
+            tuple(missing), need_tokens, most,
+        )
     if missing:
         raise NoRoute(f"no usable peer serves layers {layer_ranges(missing)} {why}", missing=tuple(missing))
     raise NoRoute(

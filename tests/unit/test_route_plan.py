@@ -2,8 +2,8 @@
 
 import pytest
 
-from swarm.errors import NoRoute, RequestError
-from swarm.route.plan import DEFAULT_RTT_MS, PeerSpan, plan_route
+from swarm.errors import NoRoute, RequestError, SessionTooLong
+from swarm.route.plan import DEFAULT_RTT_MS, PeerSpan, layer_ranges, plan_route
 
 
 def span(pid, start, end, steps=100.0, rtt=10.0, cache=10_000, slots=4, prefill=1000.0):
@@ -75,12 +75,34 @@ def test_capacity_skips():
 
 def test_no_route_for_a_session_longer_than_every_peer_offers_names_the_cap():
     # peers announce what a NEW session can reserve (their per-session cap), so a longer session
-    # finds no route, and the message says how long a session may be
+    # finds no route, and the message says how long a session may be and what to do
     peers = [span("a", 0, 10, cache=2048), span("b", 0, 10, cache=1024), span("t", 10, 20, cache=2048)]
-    with pytest.raises(NoRoute, match="3 without 3000 free KV tokens: the most any of them offers a new "
-                                      "session is 2048"):
+    with pytest.raises(SessionTooLong, match="needs 3000 KV tokens .* layers 0:20 take at most 2048 per "
+                                             "session: shorten the prompt") as e:
         plan_route(peers, 20, need_tokens=3000)
+    assert (e.value.need_tokens, e.value.most_tokens, e.value.missing) == (3000, 2048, tuple(range(20)))
     assert chain(plan_route(peers, 20, need_tokens=2048)) == [("a", 0, 10), ("t", 10, 20)]
+
+
+def test_a_long_session_blocked_also_by_a_busy_or_excluded_peer_may_pass_later():
+    # the peer without a free slot may offer more once one frees: a plain NoRoute, worth a retry
+    peers = [span("small", 0, 10, cache=1024), span("busy", 0, 10, slots=0), span("t", 10, 20, cache=4096)]
+    with pytest.raises(NoRoute, match="1 without a session slot, 1 without 3000 free KV tokens") as e:
+        plan_route(peers, 20, need_tokens=3000)
+    assert not isinstance(e.value, SessionTooLong) and e.value.missing == tuple(range(10))
+    with pytest.raises(NoRoute, match="1 excluded") as e:
+        plan_route(peers[:1] + peers[2:] + [span("x", 0, 10)], 20, need_tokens=3000, exclude=frozenset({"x"}))
+    assert not isinstance(e.value, SessionTooLong)
+
+
+def test_no_peers_at_all_says_nobody_serves_the_model():
+    with pytest.raises(NoRoute, match="no peer announces this model") as e:
+        plan_route([], 24, need_tokens=10)
+    assert not isinstance(e.value, SessionTooLong) and e.value.missing == tuple(range(24))
+
+
+def test_layer_ranges_are_half_open_spans():
+    assert layer_ranges([1, 2, 3, 7, 9, 10]) == "1:4, 7:8, 9:11"
 
 
 def test_unknown_rtt_uses_default_and_is_flagged():
@@ -104,7 +126,7 @@ def test_prefill_weight_changes_the_choice():
 
 def test_missing_layers_are_listed():
     peers = [span("a", 0, 10), span("c", 20, 25), span("full", 10, 20, slots=0)]
-    with pytest.raises(NoRoute, match=r"layers 10-19, 25-29 .*1 without a session slot") as err:
+    with pytest.raises(NoRoute, match=r"layers 10:20, 25:30 .*1 without a session slot") as err:
         plan_route(peers, 30, 1)
     assert err.value.missing == tuple(range(10, 20)) + tuple(range(25, 30))
 
