@@ -477,16 +477,17 @@ def _one_shot(client, args, sampling: dict) -> int:
 
 
 def _print_stream(stream, as_json: bool):
-    """Print a generation: live deltas on a terminal, the text alone in a pipe, or one JSON object."""
-    live = sys.stdout.isatty() and not as_json
+    """Print a generation: its deltas as they come (to a terminal or a pipe, so a generation that
+    fails part-way still leaves its text so far), then a newline; or, with `as_json`, one JSON
+    object at the end."""
     for delta in stream:
-        if live:
+        if not as_json:
             print(delta, end="", flush=True)
     result = stream.result
     if as_json:
         print(json.dumps({"text": result.text, "telemetry": result.telemetry.to_dict()}, ensure_ascii=False))
     else:
-        print("" if live else result.text)
+        print()
     return result
 
 

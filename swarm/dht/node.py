@@ -305,8 +305,8 @@ class SwarmDHT:
         ok = await self._dht.store(key, value, expiration_time=expires_at, subkey=subkey, return_future=True)
         if not ok:
             raise DHTError(
-                f"no DHT node accepted the record under {key!r}: this node knows no other DHT node yet "
-                "(are the initial peers up and reachable?), or the DHT holds a newer record"
+                f"no DHT node accepted the record under {key!r}: none was reachable (at start: are the "
+                "initial peers up and reachable?), or the DHT holds a newer record"
             )
 
     async def _get_entries(self, key: str) -> list[tuple[bytes, object, float]]:

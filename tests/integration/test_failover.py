@@ -170,6 +170,38 @@ def test_a_late_failover_computes_every_replayed_step_as_it_was_first(swarm, smo
     swarm.heal()
 
 
+def test_a_generation_that_fails_part_way_keeps_its_text_so_far_in_a_pipe(swarm, smollm2_path, expected):
+    """`swarm chat --prompt ... > file` whose route loses every peer of a span mid-generation: the
+    text generated so far is in the file (a prefix of the fault-free text), and one error line
+    says why."""
+    import os
+    import subprocess
+    import sys
+
+    swarm.heal()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swarm.cli", "chat", "--model", str(smollm2_path), "--raw", "--prompt", PROMPT,
+         "--max-new-tokens", str(N_NEW), "--initial-peers", swarm.join],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        first = os.read(proc.stdout.fileno(), 1 << 16)  # the first deltas, as they are generated
+        for name in MIDDLES:  # no peer serves 10:20 any more
+            signal_tree(swarm.by_name[name], signal.SIGKILL)
+            swarm.broken[name] = signal.SIGKILL
+        rest, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = (first + rest).decode()
+    assert proc.returncode == 1, err.decode()[-2000:]
+    assert text and expected.startswith(text.rstrip("\n")) and len(text) < len(expected)
+    lines = err.decode().strip().splitlines()
+    assert lines[-1].startswith("swarm: error:") and "10:20" in lines[-1], lines[-3:]
+    swarm.heal()
+
+
 def test_seeded_sampling_survives_a_kill(swarm):
     swarm.heal()
     sampling = dict(temperature=0.9, top_p=0.95, seed=1234)
