@@ -2,9 +2,10 @@
 installed (a hivemind dependency), else asyncio's own.
 
 uvloop (libuv) hands a process a socket's bytes with less work per wake-up: a loopback round trip
-of two processes costs ~0.11 ms with uvloop vs ~0.24 ms with asyncio's selector loop on this
-project's machine kind, ~0.23 vs ~0.36 ms when both wake from idle (scripts/bench_event_loop.py,
-docs/benchmarks.md), and a token crosses one such trip per hop.
+of two processes costs ~0.08 ms with uvloop vs ~0.21 ms with asyncio's selector loop on this
+project's machine kind, ~0.36 vs ~0.48 ms when both wake from idle (scripts/bench_event_loop.py),
+and a token crosses one such trip per hop: 0.10-0.17 ms less overhead per hop on 3 loopback peers
+(scripts/bench_hops.py --loops; docs/benchmarks.md, "Event loop").
 
 `SWARM_EVENT_LOOP=asyncio` selects asyncio's loop (to compare, or to rule the loop out).
 """
