@@ -266,6 +266,7 @@ class PeerLink:
     """
 
     transport = "sim"
+    direct_error = ""
 
     def __init__(self, peer: SimPeer, owner: str, rtt_s: float, key: int):
         self.peer_id, self._peer, self._owner, self._rtt_s = peer.peer_id, peer, owner, rtt_s

@@ -154,6 +154,7 @@ class SimLink:
     """`HopLink` to a `SpanPeer`: frames are handed over as objects; faults surface as errors."""
 
     transport = "sim"
+    direct_error = ""
 
     def __init__(self, peer: SpanPeer, clock: VirtualClock, session_id: bytes):
         self.peer_id, self._peer, self._clock, self._sid = peer.peer_id, peer, clock, session_id

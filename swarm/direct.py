@@ -29,7 +29,7 @@ import secrets
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -276,6 +276,15 @@ async def dial(
     raise PeerUnreachable(f"no direct endpoint of {peer_id[:12]}… answered: {'; '.join(errors)}")
 
 
+class OpenedStream(NamedTuple):
+    """What `open_stream` opened: the stream, its kind ("direct" or "libp2p"), and why a direct
+    stream was not opened when endpoints were tried ("" otherwise)."""
+
+    stream: StreamSession
+    kind: str
+    direct_error: str = ""
+
+
 async def open_stream(
     transport: SwarmP2P,
     peer_id: str,
@@ -283,22 +292,25 @@ async def open_stream(
     endpoints: Iterable[str],
     protocol: str,
     timeout_s: float,
-) -> tuple[StreamSession, str]:
+) -> OpenedStream:
     """A stream to `peer_id` for `protocol`: direct when it announces endpoints that answer, else
-    through libp2p. Returns (stream, "direct" or "libp2p").
+    through libp2p.
 
     Raises:
         PeerUnreachable: libp2p could not open the stream either.
         PeerTimeout: the libp2p stream was not open within timeout_s.
     """
     endpoints, addrs = tuple(endpoints), tuple(addrs)
+    why = ""
     if endpoints:
         try:
-            return await dial(transport, peer_id, addrs, endpoints, protocol, timeout_s), "direct"
+            stream = await dial(transport, peer_id, addrs, endpoints, protocol, timeout_s)
+            return OpenedStream(stream, "direct")
         except PeerUnreachable as e:
+            why = str(e)
             logger.info("direct stream to %s failed, using libp2p: %s", peer_id[:12], e)
     try:
         async with asyncio.timeout(timeout_s):
-            return await transport.open_stream(peer_id, addrs, protocol), "libp2p"
+            return OpenedStream(await transport.open_stream(peer_id, addrs, protocol), "libp2p", why)
     except TimeoutError:
         raise PeerTimeout(f"peer {peer_id[:12]}… did not accept a stream within {timeout_s:.1f} s") from None

@@ -54,6 +54,9 @@ CLOSE_TIMEOUT_S = 2.0
 """Saying Close to a peer gives up after this long (a frozen peer frees its cache by itself)."""
 SNAPSHOT_MAX_AGE_S = 60.0
 """A failover may re-plan from a DHT read up to this old before reading anew."""
+DIRECT_RETRY_S = 60.0
+"""After a peer's direct endpoints failed, its streams go through libp2p this long before direct is
+tried again (sooner when it announces other endpoints)."""
 CALL_TIMEOUT_S = 900.0
 """Outer bound on one synchronous call into the loop; every await inside has its own, shorter one."""
 
@@ -225,8 +228,10 @@ class P2PLink:
     """`PushLink` over one framed stream (libp2p, or direct TCP: swarm.direct), frames encoded with
     swarm.wire and length-prefixed by swarm.p2p."""
 
-    def __init__(self, peer_id: str, stream: StreamSession, transport: str = "libp2p"):
+    def __init__(self, peer_id: str, stream: StreamSession, transport: str = "libp2p",
+                 direct_error: str = ""):
         self.peer_id, self._stream, self.transport = peer_id, stream, transport
+        self.direct_error = direct_error
         self._said: bytes | None = None  # a peer's last words, read after a failed send
 
     async def exchange(self, frame: Frame, timeout_s: float) -> tuple[Frame, int, int]:
@@ -284,19 +289,24 @@ class P2PTransport:
 
     def __init__(self, dht: SwarmDHT, directory: DHTDirectory, direct: bool = True):
         self._dht, self._directory, self.direct = dht, directory, direct
-        # peer id -> the direct endpoints that did not answer it: libp2p until it announces others
-        self._direct_failed: dict[str, tuple[str, ...]] = {}
+        # peer id -> (direct endpoints that did not answer, monotonic time, why): libp2p to that peer
+        # for DIRECT_RETRY_S, or until it announces other endpoints
+        self._direct_failed: dict[str, tuple[tuple[str, ...], float, str]] = {}
 
     async def connect(self, peer_id: str, timeout_s: float) -> P2PLink:
         """Open a span stream to `peer_id`, direct when it can. Raises PeerUnreachable, or PeerTimeout
         past timeout_s."""
         endpoints = self._directory.direct_addrs(peer_id)
-        try_direct = self.direct and bool(endpoints) and self._direct_failed.get(peer_id) != endpoints
-        stream, kind = await open_stream(self._dht.transport, peer_id, self._directory.addrs(peer_id),
-                                         endpoints if try_direct else (), SPAN_PROTOCOL, timeout_s)
-        if try_direct and kind == "libp2p":  # remembered: libp2p until the peer announces others
-            self._direct_failed[peer_id] = endpoints
-        return P2PLink(peer_id, stream, kind)
+        failed = self._direct_failed.get(peer_id)
+        recent = (failed is not None and failed[0] == endpoints
+                  and time.monotonic() - failed[1] < DIRECT_RETRY_S)
+        try_direct = self.direct and bool(endpoints) and not recent
+        opened = await open_stream(self._dht.transport, peer_id, self._directory.addrs(peer_id),
+                                   endpoints if try_direct else (), SPAN_PROTOCOL, timeout_s)
+        if try_direct and opened.kind == "libp2p":
+            self._direct_failed[peer_id] = (endpoints, time.monotonic(), opened.direct_error)
+        why = opened.direct_error or (failed[2] if recent and self.direct else "")
+        return P2PLink(peer_id, opened.stream, opened.kind, why)
 
 
 class RemoteEngine:

@@ -74,6 +74,8 @@ class HopLink(Protocol):
     peer_id: str
     transport: str
     """How the frames travel: "direct" (swarm.direct), "libp2p", or "sim"."""
+    direct_error: str
+    """Why a direct stream was not used when the peer offers one ("" when it was, or none offered)."""
 
     async def exchange(self, frame: Frame, timeout_s: float) -> tuple[Frame, int, int]:
         """Send `frame`, return the peer's reply with the bytes sent and received.
@@ -612,7 +614,8 @@ class RouteSession:
         except SwarmError as e:
             raise _HopFailed(span, e) from e
         self._links.add(link)
-        telemetry = HopTelemetry(peer_id=h.peer_id, start=h.start, end=h.end, transport=link.transport)
+        telemetry = HopTelemetry(peer_id=h.peer_id, start=h.start, end=h.end, transport=link.transport,
+                                 direct_error=link.direct_error)
         hop = _Hop(span, link, telemetry, [], session_id=frame.session_id)
         try:
             reply = await self._exchange(hop, frame, self.policy.open_timeout_s)

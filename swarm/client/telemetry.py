@@ -24,6 +24,8 @@ class HopTelemetry:
         fetched_from: peer id the hop fetched that snapshot from during Open ("": its own, or none).
         transport: how the hop's frames travelled: "direct" (a TCP stream, swarm.direct), "libp2p"
             (through the p2pd daemons) or "sim".
+        direct_error: why the hop went through libp2p although its peer offers direct endpoints
+            ("" when it did not).
         pushed_steps: steps whose input the previous hop's peer pushed straight to this hop (server
             push: the client only read the answer).
         skipped_replies: answers to steps the client had given up on (a push that raced a failover
@@ -41,6 +43,7 @@ class HopTelemetry:
     reused_tokens: int = 0
     fetched_from: str = ""
     transport: str = ""
+    direct_error: str = ""
     pushed_steps: int = 0
     skipped_replies: int = 0
 
@@ -137,6 +140,7 @@ class GenerationTelemetry:
                 f"\n  [{hop.start:>3}:{hop.end:<3}) {hop.peer_id[:12]}…  compute {hop.compute_ms:.0f} ms"
                 f"  network {hop.network_ms:.0f} ms  sent {hop.bytes_sent} B  recv {hop.bytes_received} B"
                 + (f"  ({hop.transport})" if hop.transport else "")
+                + (f" (direct failed: {hop.direct_error})" if hop.direct_error else "")
                 + (f"  {hop.pushed_steps} steps pushed in" if hop.pushed_steps else "")
             )
         return line

@@ -330,8 +330,8 @@ def _die_after(left: list[int]) -> None:
 
 async def _dial_push(transport, peer_id: str, addrs: tuple[str, ...], endpoints: tuple[str, ...]):
     """A push stream to the next hop (swarm.peer.handler.Chain): direct when it can, else libp2p."""
-    stream, _ = await open_stream(transport, peer_id, addrs, endpoints, PUSH_PROTOCOL, PUSH_DIAL_TIMEOUT_S)
-    return stream
+    opened = await open_stream(transport, peer_id, addrs, endpoints, PUSH_PROTOCOL, PUSH_DIAL_TIMEOUT_S)
+    return opened.stream
 
 
 def _prefix_service(
