@@ -134,7 +134,7 @@ class StatusReport:
         elif self.best_route is None:
             lines.append(f"a complete chain exists, but no route now: {self.no_route}")
         else:
-            hops = " → ".join(f"{h.start}:{h.end}" for h in self.best_route.hops)
+            hops = " → ".join(f"{h.start}:{h.end} ({h.peer_id[:12]}…)" for h in self.best_route.hops)
             lines.append(
                 f"route exists: best {hops}, ~{self.best_route_tokens_per_s:.1f} tokens/s per session "
                 f"(compute only); swarm capacity ~{self.chains.routable_tokens_per_s:.1f} tokens/s"

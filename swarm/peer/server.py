@@ -373,8 +373,7 @@ async def _choose_layers(cfg: ServeConfig, dht: SwarmDHT, manifest: Manifest) ->
         start, end = cfg.layers
         _check_span(manifest, start, end)
         for line in chain_warnings(announced, manifest.n_layers, start, end):
-            logger.warning("%s", line)
-            print(f"swarm: warning: {line}", file=sys.stderr, flush=True)
+            print(f"swarm: warning: {line}", file=sys.stderr, flush=True)  # once: the log is stderr too
         return start, end
     placement = choose_span(announced, _budget(cfg, manifest), allowed=_allowed(manifest))
     logger.info(

@@ -30,6 +30,7 @@ def test_a_peer_that_did_not_answer_is_shown_and_routed_around(capsys):
     assert [p.peer_id for p in report.silent] == ["fast-whole"]
     assert report.chains.complete and report.covered
     assert report.verdict()[-1].startswith("no answer: 0:30 on fast-whole")
+    assert report.verdict()[1].startswith("route exists: best 0:15 (a…) → 15:30 (b…), ~")
     rows = {p["peer_id"]: (p["answered"], p["rtt_ms"]) for p in report.to_dict()["peers"]}
     assert rows == {"fast-whole": (False, None), "a": (True, 1.5), "b": (True, 2.0)}
     report.print_table()
