@@ -71,6 +71,7 @@ class SpanPeer:
     prefill_tokens_per_s: float = 2000.0
     rtt_ms: float = 1.0
     max_sessions: int = 8
+    free_cache_tokens: int = 1 << 20
     announced_sessions_free: int | None = None
     fault: str = ""
     fault_after: int = 0
@@ -88,7 +89,7 @@ class SpanPeer:
             self.end,
             self.decode_steps_per_s,
             self.prefill_tokens_per_s,
-            free_cache_tokens=1 << 20,
+            free_cache_tokens=self.free_cache_tokens,
             sessions_free=(
                 max(0, self.max_sessions - len(self.sessions))
                 if self.announced_sessions_free is None

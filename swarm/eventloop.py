@@ -17,6 +17,8 @@ import os
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from swarm.errors import SwarmError
+
 T = TypeVar("T")
 
 EVENT_LOOP_ENV = "SWARM_EVENT_LOOP"
@@ -27,11 +29,11 @@ def loop_kind() -> str:
     """"uvloop" or "asyncio": the loop `new_event_loop` makes in this environment.
 
     Raises:
-        ValueError: SWARM_EVENT_LOOP names another loop.
+        SwarmError: SWARM_EVENT_LOOP names another loop.
     """
     want = os.environ.get(EVENT_LOOP_ENV, "uvloop") or "uvloop"
     if want not in ("uvloop", "asyncio"):
-        raise ValueError(f"{EVENT_LOOP_ENV} must be 'uvloop' or 'asyncio', got {want!r}")
+        raise SwarmError(f"{EVENT_LOOP_ENV} must be 'uvloop' or 'asyncio', got {want!r}")
     if want == "uvloop":
         try:
             import uvloop  # noqa: F401 - only whether it is installed

@@ -60,7 +60,7 @@ from swarm.errors import (
     SwarmError,
 )
 from swarm.route.failover import Exclusions, FailoverPolicy, backoff_s, step_timeout_s
-from swarm.route.plan import Hop, PeerSpan, plan_route
+from swarm.route.plan import Hop, PeerSpan, layer_ranges, plan_route
 from swarm.route.replay import clip_steps, replay_frames, split_steps
 from swarm.sampling import SamplingParams
 from swarm.wire import (
@@ -500,11 +500,18 @@ class RouteSession:
             await self._sleep(backoff_s(attempt, self.policy, self._rng))
             try:
                 hops, spans = await self._plan(start, end, fresh=fresh or attempt > 0)
-            except SessionTooLong:
-                raise  # no peer will take a session this long, however often we ask
-            except NoRoute:
+            except NoRoute as e:
+                too_long = isinstance(e, SessionTooLong)
+                if too_long and fresh:
+                    raise  # opening: no peer takes a session this long, however often we ask
                 # A DHT read right after a peer froze or restarted can miss live records for a moment.
                 if attempt + 1 == self.policy.max_open_attempts:
+                    if too_long:  # mid-generation: the peers that could hold the session are gone
+                        raise NoRoute(
+                            f"no live peer left for layers {layer_ranges(e.missing)} can hold this "
+                            f"session: it needs {e.need_tokens} KV tokens, they take at most {e.most_tokens}",
+                            e.missing,
+                        ) from e
                     raise
                 continue
             opened: list[_Hop] = []
@@ -632,7 +639,9 @@ class RouteSession:
         """Send recorded steps (one block each, positions start..) through `hops`, many to a frame but
         each computed as its own step (swarm/route/replay.py), recording each hop's inputs per step."""
         pos0 = start
-        for x, steps in replay_frames(blocks, self.policy.replay_chunk_tokens, MAX_FORWARD_STEPS):
+        # a frame holds at least the longest recorded step: cutting one would regroup its rows
+        max_rows = max([self.policy.replay_chunk_tokens, *(b.shape[0] for b in blocks)])
+        for x, steps in replay_frames(blocks, max_rows, MAX_FORWARD_STEPS):
             n = x.shape[0]
             for hop in hops:
                 reply = await self._forward(hop, pos0, x, steps=steps)

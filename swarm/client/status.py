@@ -180,6 +180,8 @@ def status_report(
     spans = peer_spans([p for p in peers if rtt_ms.get(p.peer_id, 0.0) is not None])
     best, why = None, None
     try:
+        if peers and not spans:
+            raise NoRoute("no announced peer answered a ping")
         best = plan_route(spans, n_layers, need_tokens=1, default_rtt_ms=0.0)
     except NoRoute as e:
         why = str(e)

@@ -233,15 +233,17 @@ class StepScheduler:
                 # a step run inline returns without yielding: let pings and other sessions in
                 await asyncio.sleep(0)
         except BaseException:
-            if a:
-                self._queue_rollback(seq_id, pos0)
+            # also when nothing finished: a cancelled first step may still complete on the executor
+            self._queue_rollback(seq_id, pos0)
             raise
         last_only = self._executor().is_last and not all_logits
         return StepResult(outs[-1] if last_only else np.concatenate(outs), ms)
 
     def _queue_rollback(self, seq_id: int, pos: int) -> None:
-        """Queue a truncate of `seq_id` to `pos` ahead of the sequence's next step, without waiting
-        (the caller may be cancelled)."""
+        """Queue a truncate of `seq_id` to `pos` at the front of the queue, without waiting (the
+        caller may be cancelled). It runs before any later step of the sequence: a session sends its
+        next step only after this one's answer, and a decode batch planned ahead of it can hold only
+        steps queued before."""
         ex = self._executor()
 
         def rollback() -> None:
@@ -327,8 +329,7 @@ class StepScheduler:
         for job in [j for j in self._queue if j.fut.done()]:
             self._queue.remove(job)
             if job.done_rows > 0:  # a cancelled half-done prefill: keep the step atomic
-                self._queue.append(_Job(asyncio.get_running_loop().create_future(),
-                                        fn=self._executor().truncate, args=(job.seq_id, job.pos0)))
+                self._queue_rollback(job.seq_id, job.pos0)
 
     async def _run_unit(self, unit: Unit, jobs: list[_Job]) -> None:
         ex = self._executor()

@@ -16,7 +16,7 @@ import pytest
 from sim.transport import SimSwarm, SpanPeer, VirtualClock, embed
 from swarm.client.session import RouteSession, SessionSpec
 from swarm.client.telemetry import GenerationTelemetry
-from swarm.errors import NoRoute, SwarmError
+from swarm.errors import NoRoute, SessionTooLong, SwarmError
 from swarm.route.failover import Exclusions, FailoverPolicy
 from swarm.sampling import SamplingParams
 
@@ -117,6 +117,14 @@ def test_middle_hop_fails_mid_generation_and_the_text_is_unchanged(expected, fau
     assert run.swarm.open_sessions() == 0
 
 
+def test_a_replay_chunk_smaller_than_a_recorded_step_does_not_cut_the_step(expected):
+    # prompt steps of 3 rows, replay frames of at most 2: a cut step would compute as two (other
+    # tokens on these peers, as on llama.cpp's kernels); the frame grows to hold it instead
+    run = Run(three_spans(fault="die", fault_after=8), FailoverPolicy(replay_chunk_tokens=2))
+    tokens, t = run.generate()
+    assert tokens == expected and len(t.failovers) == 1
+
+
 def test_frozen_hop_is_detected_by_its_step_timeout_not_a_fixed_one(expected):
     run = Run(three_spans(fault="freeze", fault_after=8))
     _, t = run.generate()
@@ -161,6 +169,28 @@ def test_no_replacement_raises_no_route_and_leaks_nothing():
     run = Run(peers)
     with pytest.raises(NoRoute, match=r"layers 10:20"):
         run.generate()
+    assert run.swarm.open_sessions() == 0
+
+
+def test_a_session_longer_than_every_peer_takes_fails_at_open_without_retries():
+    small = len(PROMPT) + N_NEW - 1
+    peers = [peer("a", 0, 10), peer("m", 10, 20, free_cache_tokens=small), peer("z", 20, 30)]
+    run = Run(peers)
+    with pytest.raises(SessionTooLong, match=f"needs {len(PROMPT) + N_NEW} KV tokens .* layers 10:20"):
+        run.generate()
+    assert run.clock.now_s < POLICY.backoff_base_s  # no backoff: asking again cannot help
+    assert run.swarm.open_sessions() == 0
+
+
+def test_mid_generation_a_replacement_too_small_is_a_plain_no_route_not_a_request_error():
+    # the big peer leaves (its record withdrawn); the only other one for its layers takes shorter
+    # sessions: the request was fine, the swarm lost the peers that could hold it
+    peers = [peer("a", 0, 10), peer("m1", 10, 20, fault="leave", fault_after=8),
+             peer("m2", 10, 20, rtt_ms=5.0, free_cache_tokens=len(PROMPT) + N_NEW - 1), peer("z", 20, 30)]
+    run = Run(peers)
+    with pytest.raises(NoRoute, match="no live peer left for layers 10:20 can hold this session") as e:
+        run.generate(on_token=lambda n: run.swarm.withdrawn.add("m1") if n == 5 else None)
+    assert not isinstance(e.value, SessionTooLong)
     assert run.swarm.open_sessions() == 0
 
 

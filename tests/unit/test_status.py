@@ -42,3 +42,9 @@ def test_only_silent_peers_on_a_layer_leave_it_uncovered():
     report = status_report("ab" * 8, 30, [PEERS[0], PEERS[1]], {"fast-whole": None, "a": 1.0})
     assert not report.covered and report.best_route is None
     assert dataclasses.asdict(report.silent[0])["peer_id"] == "fast-whole"
+
+
+def test_when_no_announced_peer_answers_the_report_says_so():
+    report = status_report("ab" * 8, 30, PEERS, {p.peer_id: None for p in PEERS})
+    assert report.best_route is None and report.no_route == "no announced peer answered a ping"
+    assert len(report.silent) == 3 and not report.covered

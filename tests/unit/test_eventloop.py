@@ -1,0 +1,37 @@
+"""swarm.eventloop: which loop a process runs, chosen by SWARM_EVENT_LOOP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import uvloop
+
+from swarm import eventloop
+from swarm.errors import SwarmError
+
+
+@pytest.mark.parametrize("value, kind, cls", [(None, "uvloop", uvloop.Loop), ("", "uvloop", uvloop.Loop),
+                                              ("asyncio", "asyncio", asyncio.BaseEventLoop)])
+def test_the_loop_follows_the_environment(monkeypatch, value, kind, cls):
+    if value is None:
+        monkeypatch.delenv(eventloop.EVENT_LOOP_ENV, raising=False)
+    else:
+        monkeypatch.setenv(eventloop.EVENT_LOOP_ENV, value)
+    assert eventloop.loop_kind() == kind
+    loop = eventloop.new_event_loop()
+    try:
+        assert isinstance(loop, cls) and (kind == "uvloop") == isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()
+
+    async def running():
+        return type(asyncio.get_running_loop())
+
+    assert issubclass(eventloop.run(running()), cls)
+
+
+def test_an_unknown_loop_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(eventloop.EVENT_LOOP_ENV, "Asyncio")
+    with pytest.raises(SwarmError, match="must be 'uvloop' or 'asyncio', got 'Asyncio'"):
+        eventloop.new_event_loop()
