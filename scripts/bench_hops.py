@@ -10,8 +10,8 @@ Same model, prompt and steps for every setting (1 thread per peer, greedy, ~128-
   With --all also, on peers started with the older 2 ms inline threshold (--inline-max-ms) and on
   peers pinned one core each, round-robin (taskset -a): direct/relay/2ms, libp2p/relay/2ms,
   direct/push/pinned.
-  With --loops also, peers and client on asyncio's own event loop instead of uvloop's
-  (SWARM_EVENT_LOOP=asyncio, swarm/eventloop.py): direct/relay/asyncio, direct/push/asyncio.
+  With --loops also, peers and client on uvloop's event loop instead of asyncio's own
+  (SWARM_EVENT_LOOP=uvloop, swarm/eventloop.py): direct/relay/uvloop, direct/push/uvloop.
 Per-hop overhead = (client's step time - the hops' reported compute) / hops, p50 (bench_swarm.py's
 measure). The client and peer processes are the same for every client setting: the client switches
 with `RemoteEngine.transport.direct` and `RemoteEngine.push`, the peers offer all. Prints one JSON
@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--all", action="store_true", help="also the 2 ms inline threshold and pinned peers")
-    ap.add_argument("--loops", action="store_true", help="also peers and client on asyncio's event loop")
+    ap.add_argument("--loops", action="store_true", help="also peers and client on uvloop's event loop")
     args = ap.parse_args()
     path = resolve_model(args.model)
     n_layers = build_manifest(path).n_layers
@@ -97,12 +97,12 @@ def main() -> None:
     out["whole"] = whole
     settings = {}
     both = [(d, p) for p in (False, True) for d in (False, True)]
-    peer_sets = [(10.0, False, "uvloop", both)]
+    peer_sets = [(10.0, False, "asyncio", both)]
     if args.loops:
-        peer_sets += [(10.0, False, "asyncio", [(True, False), (True, True)])]
+        peer_sets += [(10.0, False, "uvloop", [(True, False), (True, True)])]
     if args.all:
-        peer_sets += [(2.0, False, "uvloop", [(False, False), (True, False)]),
-                      (10.0, True, "uvloop", [(True, True)])]
+        peer_sets += [(2.0, False, "asyncio", [(False, False), (True, False)]),
+                      (10.0, True, "asyncio", [(True, True)])]
     with tempfile.TemporaryDirectory(prefix="bench-hops-") as tmp:
         for i, (inline_ms, pin, loop, clients) in enumerate(peer_sets):
             ps = start(Path(tmp) / f"s{i}", path, n_layers, inline_ms, pin, loop)
@@ -110,7 +110,7 @@ def main() -> None:
                 for direct, push in clients:
                     name = f"{'direct' if direct else 'libp2p'}/{'push' if push else 'relay'}" + (
                         "/pinned" if pin else "" if inline_ms == 10.0 else f"/{inline_ms:g}ms") + (
-                        "" if loop == "uvloop" else f"/{loop}")
+                        "" if loop == "asyncio" else f"/{loop}")
                     settings[name] = measure(path, prompt, args.decode, ps, direct, push, args.repeats, loop)
             finally:
                 ps.stop_all()

@@ -11,8 +11,9 @@ from swarm import eventloop
 from swarm.errors import SwarmError
 
 
-@pytest.mark.parametrize("value, kind, cls", [(None, "uvloop", uvloop.Loop), ("", "uvloop", uvloop.Loop),
-                                              ("asyncio", "asyncio", asyncio.BaseEventLoop)])
+@pytest.mark.parametrize("value, kind, cls", [(None, "asyncio", asyncio.BaseEventLoop),
+                                              ("", "asyncio", asyncio.BaseEventLoop),
+                                              ("uvloop", "uvloop", uvloop.Loop)])
 def test_the_loop_follows_the_environment(monkeypatch, value, kind, cls):
     if value is None:
         monkeypatch.delenv(eventloop.EVENT_LOOP_ENV, raising=False)
