@@ -253,8 +253,7 @@ class StepScheduler:
                 pass  # the executor is closed or the sequence is gone: nothing left to undo
 
         self._queue.appendleft(_Job(asyncio.get_running_loop().create_future(), fn=rollback))
-        if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._drain())
+        self._ensure_runner()
 
     def _run_now(self, job: _Job) -> StepResult | None:
         """Fast path for a lone decode step: when nothing is queued or running and the step is
@@ -288,9 +287,12 @@ class StepScheduler:
 
     async def _submit(self, job: _Job) -> Any:
         self._queue.append(job)
+        self._ensure_runner()
+        return await job.fut
+
+    def _ensure_runner(self) -> None:
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._drain())
-        return await job.fut
 
     async def _drain(self) -> None:
         try:
