@@ -35,12 +35,12 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from swarm.errors import AddressError, PeerTimeout, PeerUnreachable, ProtocolError, SwarmError
+from swarm.limits import DIRECT_PROTOCOL
 from swarm.netaddr import maddr_host_port
 from swarm.p2p import MAX_FRAME_BYTES, StreamHandler, StreamSession, SwarmP2P
 
 logger = logging.getLogger(__name__)
 
-DIRECT_PROTOCOL = "/swarm/direct/1"
 """libp2p protocol on which a client asks a peer for a direct-connection ticket."""
 TICKET_BYTES = 16
 KEY_BYTES = 32

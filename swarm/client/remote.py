@@ -41,7 +41,7 @@ from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import cache_dir, is_model_id, resolve_model
 from swarm.p2p import StreamSession
-from swarm.peer.handler import SPAN_PROTOCOL
+from swarm.limits import SPAN_PROTOCOL
 from swarm.route.failover import Exclusions, FailoverPolicy
 from swarm.route.plan import PeerSpan
 from swarm.route.snapshot import peer_spans

@@ -40,6 +40,7 @@ import numpy as np
 from swarm.errors import Busy, ExecutorError, PeerUnreachable, ProtocolError, RequestError, SwarmError
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.sessions import SessionSlot, SessionTable
+from swarm.limits import MAX_FORWARD_TOKENS
 from swarm.p2p import StreamSession
 from swarm.peer.rebalance import Drain
 from swarm.peer.scheduler import StepScheduler
@@ -64,15 +65,8 @@ from swarm.wire import (
 
 logger = logging.getLogger(__name__)
 
-SPAN_PROTOCOL = "/swarm/span/1"
-"""libp2p protocol name of the span stream."""
-MAX_FORWARD_TOKENS = 2048
-"""Most rows one Forward frame may carry (our client sends 256 by default): a bigger prefill must come
-in several frames, so one frame's compute stays bounded and its chunks queue fairly."""
 OPEN_TIMEOUT_S = 30.0
 """A new stream must send its Open frame within this many seconds."""
-PUSH_PROTOCOL = "/swarm/push/1"
-"""Protocol of a push stream: one peer sends a chained session's outputs to the next hop's peer."""
 ATTACH_WAIT_S = 5.0
 """A push stream may wait this long for the Chain that names its sender."""
 PUSH_SETUP_WAIT_S = 1.0

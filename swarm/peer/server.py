@@ -38,7 +38,7 @@ from swarm.kv.prefix import PREFIX_BLOCK_TOKENS
 from swarm.kv.sessions import SessionTable
 from swarm.kv.snapshot import local_format
 from swarm.kv.snapshot_store import SnapshotStore
-from swarm.limits import MAX_CONTEXT_TOKENS
+from swarm.limits import MAX_CONTEXT_TOKENS, PUSH_PROTOCOL, SNAPSHOT_PROTOCOL, SPAN_PROTOCOL
 from swarm.proctree import descendants
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model
@@ -46,11 +46,11 @@ from swarm.direct import DirectServer, direct_maddrs, open_stream
 from swarm.netaddr import NetConfig, bt_hosts, check_net_config
 from swarm.peer.announce import Announcer, Throughput
 from swarm.kv.budget import SpanBudget, span_budget
-from swarm.peer.handler import PUSH_PROTOCOL, SPAN_PROTOCOL, SpanRuntime, handle_push, handle_stream
+from swarm.peer.handler import SpanRuntime, handle_push, handle_stream
 from swarm.peer.metrics import PeerMetrics
 from swarm.peer.scheduler import INLINE_MAX_MS, CostModel, exact_batch_cap
 from swarm.peer.rebalance import Rebalancer
-from swarm.peer.snapshots import SNAPSHOT_PROTOCOL, PrefixService
+from swarm.peer.snapshots import PrefixService
 from swarm.route.placement import choose_span
 from swarm.span_rules import has_split_rules, span_refusal
 from swarm.route.plan import PeerSpan

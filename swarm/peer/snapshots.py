@@ -34,6 +34,7 @@ import msgpack
 from swarm.dht.prefix_records import HOLDINGS_NAME, MAX_HELD, decode_holdings, encode_holdings, prefixes_key
 from swarm.errors import SwarmError
 from swarm.kv.prefix import PREFIX_BLOCK_TOKENS
+from swarm.limits import SNAPSHOT_PROTOCOL
 from swarm.kv.snapshot import (
     Snapshot,
     SnapshotFormat,
@@ -46,7 +47,6 @@ from swarm.kv.snapshot_store import SnapshotStore
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT_PROTOCOL = "/swarm/kvsnap/1"
 FETCH_CHUNK_BYTES = 8 << 20
 FETCH_TIMEOUT_S = 20.0
 """A fetch during Open gives up after this long; the client then computes the prefix."""

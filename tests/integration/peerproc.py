@@ -13,7 +13,7 @@ from swarm.client.remote import LoopThread
 from swarm.dht.node import SwarmDHT
 from swarm.localswarm import PeerProcess, PeerSet, descendants, signal_tree, start_peer
 from swarm.p2p import PeerUnreachable, StreamSession
-from swarm.peer.handler import SPAN_PROTOCOL
+from swarm.limits import SPAN_PROTOCOL
 from swarm.sampling import SamplingParams
 from swarm.wire import Open, OpenOk, decode_frame, encode_frame
 

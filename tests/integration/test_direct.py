@@ -61,7 +61,7 @@ def nodes(loop, tmp_path_factory):
 
 async def ticket_for(client: SwarmDHT, server: SwarmDHT, protocol: str = ECHO) -> tuple[bytes, bytes]:
     """Ask for a ticket the way `dial` does, without connecting."""
-    from swarm.direct import DIRECT_PROTOCOL
+    from swarm.limits import DIRECT_PROTOCOL
 
     target = (server.peer_id, server.visible_maddrs())
     async with await client.transport.open_stream(*target, DIRECT_PROTOCOL) as s:

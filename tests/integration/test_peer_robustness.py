@@ -20,7 +20,7 @@ import pytest
 from swarm import Client
 from swarm.manifest import build_manifest
 from swarm.p2p import MAX_FRAME_BYTES
-from swarm.peer.handler import MAX_FORWARD_TOKENS
+from swarm.limits import MAX_FORWARD_TOKENS
 from swarm.wire import PROTOCOL_GENERATION, Close, Error, ErrorCode, Forward, Hidden, Token, encode_frame
 
 from peerproc import PeerSet, RawClient, oracle, serve_args

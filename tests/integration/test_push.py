@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from swarm.manifest import build_manifest
-from swarm.peer.handler import PUSH_PROTOCOL
+from swarm.limits import PUSH_PROTOCOL
 from swarm.wire import Attach, Chain, Error, ErrorCode, Forward, Hidden, Open, OpenOk, Token, encode_frame
 
 from swarm import Client
