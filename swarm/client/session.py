@@ -334,7 +334,7 @@ class RouteSession:
         steps: tuple[int, ...] = (),
     ) -> Hidden | Token:
         last = hop.span.end == self.spec.n_layers
-        frame = Forward(step=self._step, pos0=pos0, hidden=x, sample=last, restore=hop.pending_restore,
+        frame = Forward(step=self._step, pos0=pos0, hidden=x, restore=hop.pending_restore,
                         push=push and not last, rewind=rewind and not hop.pending_restore, steps=steps)
         self._step += 1
         reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy, steps))
