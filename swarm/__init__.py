@@ -2,23 +2,31 @@
 
 Packages and modules (see docs/architecture.md for the data flow):
     client/       the public `Client` (generate, stream, chat), local backend, swarm route session
+    api/          `swarm api`: OpenAI-compatible HTTP API and health page over one shared `Client`
     ggml_bridge/  span slicing, the C layer-span executor, exact token embedding
-    kv/           KV-cache arithmetic and the session table of one span
-    route/        pure route planning over announced spans
-    dht/          hivemind DHT wrapper: identity, signed announcement records
-    peer/         `swarm serve`: composition root, stream handler, announcer
+    kv/           KV-cache arithmetic, the session table of one span, prefix hashes and KV snapshots
+    route/        pure route planning, chains, placement and failover policy over announced spans
+    dht/          hivemind DHT wrapper: identity, signed announcement and prefix-holdings records
+    peer/         `swarm serve`: composition root, stream handler, step scheduler, announcer
     artifacts/    model bytes over BitTorrent (libtorrent), verified per tensor
+    cli/          the `swarm` command, one module per subcommand
     arch.py       one row of facts per GGUF architecture
+    span_rules.py pure: a row's split rules on a model's metadata (legal starts, refused lengths)
+    sizing.py     pure: paper sizing of a model card (weights, KV, bytes per hop, peers per route)
     manifest.py   GGUF → manifest and model_id
     models.py     registry of known models, fetch and verify
     localswarm.py a swarm of real peer processes on this machine (demo, tests, benchmarks)
     reference.py  PyTorch reference of llama-style blocks, for validating architectures
     p2p.py        framed persistent libp2p streams over hivemind's p2pd
+    direct.py     direct TCP streams, set up over libp2p and sealed with ChaCha20-Poly1305
+    peerid.py     the libp2p peer id of an RSA public key (pure; shared by dht/ and kv/)
     netaddr.py    listen and advertised addresses: IPv4/IPv6 literals, multiaddrs, libtorrent strings
-    errors.py     exception types; limits.py product-wide limits
+    eventloop.py  the event loop of peer processes and the client's loop thread (asyncio or uvloop)
+    proctree.py   a process's descendants; children that die with their parent
+    errors.py     exception types
+    limits.py     product-wide limits and protocol ids
     sampling.py   logits → token, seeded per position
     wire.py       stream frames of the peer protocol
-    cli.py        the `swarm` command
 """
 
 __version__ = "0.1.0"

@@ -7,6 +7,8 @@ Files:
                    and subkey tags; pure
     validation.py  hivemind record validator: store- and read-time checks of announcements and blobs
                    (schema, size, peer id bound to the signing key)
+    prefix_records.py  a span's prefix holdings record: which prompt prefixes a peer holds KV snapshots
+                   of, and where to fetch them; bounded, forward-compatible codec; pure
     node.py        SwarmDHT (start, announce, withdraw, get_announcements, store_blob/get_blob, shutdown)
                    and run_dht_only for `swarm dht`
 

@@ -7,21 +7,20 @@ overwrite them, and a record's claimed peer id can be checked against the key th
 The file `identity.key` is a libp2p `crypto.pb.PrivateKey` protobuf (key_type RSA, DER data), exactly what
 p2pd's `-id` flag reads; it is created once with mode 0600 inside a 0700 directory.
 
+The peer id of a public key alone (a record's or a snapshot's signer) is derived in swarm/peerid.py.
+
 This module does not start daemons or touch the network.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from pathlib import Path
 
-import multihash
-from cryptography.hazmat.primitives import serialization
 from hivemind.p2p import PeerID
 from hivemind.proto import crypto_pb2
-from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
+from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm.errors import SwarmError
 
@@ -59,17 +58,6 @@ def resolve_data_dir(explicit: str | os.PathLike | None = None) -> Path:
         return Path(os.environ["SWARM_HOME"]).expanduser()
     xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(xdg).expanduser() / "swarm"
-
-
-def peer_id_of_public_key(public_key: RSAPublicKey) -> str:
-    """Base58 libp2p peer id of an RSA public key (sha2-256 multihash of its protobuf encoding)."""
-    der = serialization.load_ssh_public_key(public_key.to_bytes()).public_bytes(
-        encoding=serialization.Encoding.DER, format=serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    # the same derivation as hivemind's PeerID.from_identity, from the public half
-    encoded = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
-    digest = multihash.encode(hashlib.sha256(encoded).digest(), multihash.coerce_code("sha2-256"))
-    return PeerID(digest).to_base58()
 
 
 def load_or_create_identity(data_dir: str | os.PathLike | None = None) -> Identity:

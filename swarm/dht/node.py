@@ -30,7 +30,7 @@ if "HIVEMIND_LOGLEVEL" not in os.environ:
     # hivemind logs every join at INFO; in `swarm chat` or a Python session that would mix with answers.
     logging.getLogger("hivemind").setLevel(logging.WARNING)
 
-from swarm.dht.identity import Identity, load_or_create_identity, peer_id_of_public_key
+from swarm.dht.identity import Identity, load_or_create_identity
 from swarm.dht.records import (
     ANNOUNCE_SUBKEY_TAG,
     BLOB_SUBKEY_TAG,
@@ -44,6 +44,7 @@ from swarm.dht.validation import SwarmRecordValidator, blob_name, check_announce
 from swarm.errors import ProtocolError, SwarmError
 from swarm.netaddr import NetConfig, check_net_config, reachable_first, tcp_multiaddr
 from swarm.p2p import SwarmP2P
+from swarm.peerid import peer_id_of_public_key
 from swarm.proctree import die_with_parent
 
 TOMBSTONE_TTL_S = 10.0

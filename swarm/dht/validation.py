@@ -21,7 +21,6 @@ from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer
 from hivemind.utils.crypto import RSAPublicKey
 
-from swarm.dht.identity import peer_id_of_public_key
 from swarm.dht.records import (
     ANNOUNCE_SUBKEY_TAG,
     BLOB_SUBKEY_TAG,
@@ -30,6 +29,7 @@ from swarm.dht.records import (
     Announcement,
     decode_announcement,
 )
+from swarm.peerid import peer_id_of_public_key
 
 
 def owner_public_key(subkey: Any) -> Optional[RSAPublicKey]:

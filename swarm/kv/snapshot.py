@@ -196,7 +196,7 @@ def decode_snapshot(
     """
     from hivemind.utils.crypto import RSAPublicKey
 
-    from swarm.dht.identity import peer_id_of_public_key
+    from swarm.peerid import peer_id_of_public_key
 
     view = memoryview(payload)
     if len(view) < len(MAGIC) + 2 or bytes(view[:4]) != MAGIC:

@@ -3,9 +3,13 @@
 Files:
     plan.py: pure planner — a snapshot of announced spans (+ RTTs) → the cheapest chain of whole
         spans covering the model's layers (`plan_route`, `PeerSpan`, `Hop`, `RoutePlan`).
-    placement.py: pure — which span a new peer should serve (the least-covered reachable window).
+    chains.py: pure — which spans chain into complete routes (reachable and finishing boundaries,
+        dead ends) and the swarm's routable throughput (max flow over layer boundaries).
+    placement.py: pure — which span a peer should serve (on a complete chain, fits its memory, most
+        added flow) and whether a serving peer should move (`MIN_GAIN` hysteresis).
     snapshot.py: pure — DHT announcements → the planner's `PeerSpan` snapshot.
     failover.py: pure — step timeouts, retry backoff, and which failed peers to avoid for how long.
+    replay.py: pure — a failed hop's recorded steps as replay frames, never regrouping a step.
 
 Nothing here awaits, reads a clock, or imports swarm.dht; client/ and peer/ gather the snapshot and act.
 """

@@ -16,11 +16,11 @@ from hivemind.utils import get_dht_time
 
 from swarm import Client
 from swarm.client.remote import SwarmConnection
-from swarm.dht.identity import peer_id_of_public_key
 from swarm.dht.records import Announcement, announcements_key
 from swarm.dht.validation import is_announcement_subkey, owner_public_key
 from swarm.manifest import build_manifest
 from swarm.peer.announce import EXPIRY_PERIODS
+from swarm.peerid import peer_id_of_public_key
 from swarm.wire import Close, encode_frame
 
 from peerproc import PeerSet, RawClient, descendants, oracle, serve_args, wait_for

@@ -11,7 +11,6 @@ from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import MSGPackSerializer
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarm.dht.identity import peer_id_of_public_key
 from swarm.dht.records import (
     ANNOUNCE_SUBKEY_TAG,
     BLOB_SUBKEY_TAG,
@@ -24,6 +23,7 @@ from swarm.dht.records import (
 )
 from swarm.dht.validation import SwarmRecordValidator, check_announcement
 from swarm.errors import ProtocolError
+from swarm.peerid import peer_id_of_public_key
 
 KEY = RSAPrivateKey()
 OTHER_KEY = RSAPrivateKey()

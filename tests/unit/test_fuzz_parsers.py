@@ -41,7 +41,6 @@ from hivemind.utils import MSGPackSerializer
 
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarm.dht.identity import peer_id_of_public_key
 from swarm.dht.prefix_records import decode_holdings, encode_holdings
 from swarm.kv.prefix import PREFIX_BLOCK_TOKENS, prefix_offers
 from swarm.kv.snapshot import Snapshot, SnapshotFormat, SnapshotKey, decode_snapshot, encode_snapshot
@@ -62,6 +61,7 @@ from swarm.ggml_bridge.gguf_header import scan
 from swarm.manifest import Manifest, TensorInfo, check_manifest, read_manifest
 from swarm.netaddr import maddr_host_port, parse_host
 from swarm.p2p import _parse_maddr
+from swarm.peerid import peer_id_of_public_key
 from swarm.sampling import SamplingParams, sample
 from swarm.wire import (
     _FIELDS,

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarm.dht.identity import peer_id_of_public_key
 from swarm.dht.prefix_records import decode_holdings, encode_holdings
 from swarm.errors import ProtocolError
 from swarm.kv.prefix import (
@@ -30,6 +29,7 @@ from swarm.kv.snapshot import (
 )
 from swarm.kv.snapshot_store import SnapshotStore
 from swarm.peer.snapshots import TAMPERS
+from swarm.peerid import peer_id_of_public_key
 from swarm.wire import MAX_HEADER_BYTES, Forward, Open, OpenOk, decode_frame, encode_frame
 
 B = PREFIX_BLOCK_TOKENS

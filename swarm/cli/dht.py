@@ -1,0 +1,18 @@
+"""`swarm dht`: a DHT-only peer that prints the multiaddrs others join with (`swarm.dht.node`)."""
+
+from __future__ import annotations
+
+from swarm.cli.args import add_peer_args
+
+
+def register(sub) -> None:
+    """Add `dht` to the `swarm` subparsers `sub`."""
+    d = sub.add_parser("dht", help="run a DHT-only peer and print the multiaddrs others join with")
+    add_peer_args(d)
+    d.set_defaults(func=_dht)
+
+
+def _dht(args) -> None:
+    from swarm.dht.node import run_dht_only
+
+    run_dht_only(args.initial_peers, args.host, args.port, args.data_dir, args.public_address)
