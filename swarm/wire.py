@@ -37,7 +37,16 @@ import msgpack
 import numpy as np
 
 from swarm.errors import ProtocolError, RequestError
-from swarm.limits import MAX_CONTEXT_TOKENS
+from swarm.limits import (
+    MAX_ADDR_CHARS,
+    MAX_CONTEXT_TOKENS,
+    MAX_FRAME_BYTES,
+    MAX_HIDDEN,
+    MAX_LAYERS,
+    MAX_PREFIX_OFFERS,
+    MAX_VOCAB,
+    PREFIX_HASH_BYTES,
+)
 from swarm.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 PROTOCOL_GENERATION = 4
@@ -48,20 +57,8 @@ PROTOCOL_GENERATION = 4
    when asked (`SamplingParams.logprobs`).
 4: `Forward.steps`: one frame replays many recorded steps, each computed as it was first sent."""
 
-MAX_FRAME_BYTES = 64 * 1024 * 1024
-"""Largest frame body accepted (header + tensor); clients chunk bigger prefills."""
-
 MAX_HEADER_BYTES = 4096
 """Largest msgpack header accepted."""
-
-MAX_HIDDEN = 65_536
-"""Largest hidden size (tensor columns) of a hidden-state frame."""
-
-MAX_VOCAB = 1 << 20
-"""Largest vocabulary (tensor columns) of a logits tensor."""
-
-MAX_LAYERS = 4096
-"""Largest global layer index + 1 a span may name."""
 
 MAX_ID_CHARS = 128
 """Longest peer id / model id string."""
@@ -71,16 +68,11 @@ MAX_MESSAGE_CHARS = 1000
 
 SESSION_ID_BYTES = 16
 
-MAX_PREFIX_OFFERS = 64
-"""Most (n_tokens, hash) prefix offers in one Open (see swarm/kv/prefix.py)."""
-PREFIX_HASH_BYTES = 32
-
 MAX_FORWARD_STEPS = 1024
 """Most steps one `Forward` may carry (`Forward.steps`); keeps the header under MAX_HEADER_BYTES."""
 
 MAX_CHAIN_ADDRS = 16
 """Most multiaddrs of each kind a `Chain` frame may name for the next hop."""
-MAX_ADDR_CHARS = 256
 
 _PREFIX = struct.Struct(">BH")
 _DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
