@@ -24,7 +24,7 @@ Packages and modules (see docs/architecture.md for the data flow):
     eventloop.py  the event loop of peer processes and the client's loop thread (asyncio or uvloop)
     proctree.py   a process's descendants; children that die with their parent
     errors.py     exception types
-    limits.py     product-wide limits and protocol ids
+    limits.py     product-wide limits, protocol ids, and bounds shared by frames and other checks
     sampling.py   logits → token, seeded per position
     wire.py       stream frames of the peer protocol
 """

@@ -35,9 +35,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from swarm.errors import AddressError, PeerTimeout, PeerUnreachable, ProtocolError, SwarmError
-from swarm.limits import DIRECT_PROTOCOL
+from swarm.limits import DIRECT_PROTOCOL, MAX_FRAME_BYTES
 from swarm.netaddr import maddr_host_port
-from swarm.p2p import MAX_FRAME_BYTES, StreamHandler, StreamSession, SwarmP2P
+from swarm.p2p import StreamHandler, StreamSession, SwarmP2P
 
 logger = logging.getLogger(__name__)
 

@@ -34,3 +34,29 @@ SNAPSHOT_PROTOCOL = "/swarm/kvsnap/1"
 MAX_FORWARD_TOKENS = 2048
 """Most rows one Forward frame may carry (our client sends 256 by default): a bigger prefill must come
 in several frames, so one frame's compute stays bounded and its chunks queue fairly."""
+
+# ---- bounds the stream protocol (swarm/wire.py) shares with other checks ----------------------------
+
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+"""Largest frame body either side accepts (header + tensor): the stream transports (swarm/p2p.py,
+swarm/direct.py) refuse a longer length prefix, swarm/wire.py a longer body; clients chunk bigger
+prefills."""
+
+MAX_LAYERS = 4096
+"""Largest global layer index + 1 a span or a model (swarm/manifest.py) may name."""
+
+MAX_HIDDEN = 65_536
+"""Largest hidden size (n_embd): tensor columns of a hidden-state frame, and a model's n_embd."""
+
+MAX_VOCAB = 1 << 20
+"""Largest vocabulary: tensor columns of a logits tensor, and a model's n_vocab."""
+
+MAX_ADDR_CHARS = 256
+"""Longest multiaddr, in an announcement (swarm/dht/records.py) or a `Chain` frame."""
+
+MAX_PREFIX_OFFERS = 64
+"""Most (n_tokens, hash) prefix offers one Open may carry (~38 B each in msgpack, under wire's
+MAX_HEADER_BYTES): swarm/kv/prefix.py makes at most this many, swarm/wire.py refuses more."""
+
+PREFIX_HASH_BYTES = 32
+"""Bytes of one prefix's chain hash (sha256, swarm/kv/prefix.py)."""

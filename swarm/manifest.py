@@ -29,8 +29,8 @@ from gguf import GGUFReader, GGUFValueType
 
 from swarm.errors import ModelError, ProtocolError
 from swarm.ggml_bridge.gguf_header import scan
+from swarm.limits import MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB
 from swarm.models import cache_dir, check_gguf
-from swarm.wire import MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB
 
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 16 << 20
@@ -164,8 +164,8 @@ class Manifest:
 def check_manifest(m: Manifest) -> None:
     """Check every field's type and bounds (what `from_bytes` and `read_manifest` accept).
 
-    Bounds: arch 1..MAX_ARCH_CHARS chars; 1 <= n_layers <= wire.MAX_LAYERS; 1 <= n_embd <=
-    wire.MAX_HIDDEN; 0 <= n_vocab <= wire.MAX_VOCAB; `<arch>.context_length`, when present, an
+    Bounds: arch 1..MAX_ARCH_CHARS chars; 1 <= n_layers <= limits.MAX_LAYERS; 1 <= n_embd <=
+    limits.MAX_HIDDEN; 0 <= n_vocab <= limits.MAX_VOCAB; `<arch>.context_length`, when present, an
     integer >= 1; digests 64 lowercase hex; 0 <= data_offset <= file_size <= MAX_FILE_BYTES; each
     tensor named once (1..MAX_TENSOR_NAME_CHARS chars), 1..MAX_TENSOR_DIMS dims, its bytes inside
     [data_offset, file_size), its layer the N of a `blk.N.` name (< n_layers), else None.

@@ -23,12 +23,10 @@ from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 from swarm.errors import PeerTimeout, PeerUnreachable, ProtocolError, SwarmError
-from swarm.limits import PING_PROTOCOL
+from swarm.limits import MAX_FRAME_BYTES, PING_PROTOCOL
 
 logger = logging.getLogger(__name__)
 
-MAX_FRAME_BYTES = 64 * 1024 * 1024
-"""Default largest frame either side accepts, bytes."""
 _HEADER = struct.Struct(">I")
 
 

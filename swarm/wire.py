@@ -1,4 +1,5 @@
-"""Every frame of the peer stream protocol: encode to bytes, decode with full validation.
+"""Every frame of the peer stream protocol: one field table per frame, from which construction-time
+validation, encoding to bytes and decoding with full validation all follow.
 
 A frame body (the transport adds its own length framing around it) is:
 
@@ -11,57 +12,69 @@ no fewer (any change to a frame bumps `PROTOCOL_GENERATION`). Frames that carry 
 `"dtype"` ("f32" or "f16", little-endian) and `"shape"` [rows, cols] in the header; the bytes
 after the header are exactly rows * cols * itemsize of row-major data.
 
+Each frame is a frozen dataclass whose fields name their wire kind (`_Int`, `_Seq`, `_Tensor`, ...
+declared with `_wire`): the kind checks a value on construction, writes it to the header and reads
+it back, so a field is described once. Rules that tie two fields together (`Forward.restore` equals
+`pos0` when set, ...) are the frame's `_relate`. Header keys follow the field order, then "k", then
+"dtype" and "shape".
+
 Size line: a decode step moves one `Forward` (client → peer) or `Hidden` (peer → client) frame of
-4·n_embd tensor bytes + about 70-100 B of prefix and header (measured: Forward 110-118 B, Hidden 68 B):
-for SmolLM2 (n_embd 576) 2304 B + ~95 B; for Qwen2.5 0.5B (n_embd 896) 3584 B + ~95 B; at
-n_embd 2048, 8 KiB + ~95 B per token per hop. The last span answers with a `Token` frame of
-about 85 B + 15 B per top log-prob. Encode + decode of a [1, 896] f32 Forward: ~8.5 µs.
+4·n_embd tensor bytes + about 70-115 B of prefix and header (measured: Forward 102-114 B, Hidden
+68-76 B, growing with the step and position counters): for SmolLM2 (n_embd 576) 2304 B + ~90 B; for
+Qwen2.5 0.5B (n_embd 896) 3584 B + ~90 B; at n_embd 2048, 8 KiB + ~90 B per token per hop. The last
+span answers with a `Token` frame of about 85 B + 15 B per top log-prob. Encode + decode of a
+[1, 896] f32 Forward: ~11 µs.
 
 Decoding never raises anything but `swarm.errors.ProtocolError`: garbage, truncated or oversized
 bytes, unknown kinds, missing, extra or mistyped fields, out-of-range values and tensor sizes that
 do not match their shape are all refused. Decoded tensors are read-only `np.frombuffer` views of
 the input bytes (no copy).
 
+Bounds only the protocol uses live here; those other checks share (MAX_FRAME_BYTES, MAX_LAYERS,
+MAX_HIDDEN, MAX_VOCAB, MAX_ADDR_CHARS, MAX_PREFIX_OFFERS, PREFIX_HASH_BYTES) and the stream
+protocol ids live in swarm/limits.py.
+
 This module does not: frame messages on a socket, do I/O, or define DHT records (see swarm/dht/).
+It is one concern, the stream protocol, and stays one file past the house's ~400 lines: the field
+kinds exist only to describe these frames, and the fuzz targets are exactly its decoder.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import struct
-from dataclasses import dataclass, field
-from typing import Any, Union
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, TypeVar, Union, dataclass_transform
 
 import msgpack
 import numpy as np
 
 from swarm.errors import ProtocolError, RequestError
-from swarm.limits import MAX_CONTEXT_TOKENS
+from swarm.limits import (
+    MAX_ADDR_CHARS,
+    MAX_CONTEXT_TOKENS,
+    MAX_FRAME_BYTES,
+    MAX_HIDDEN,
+    MAX_LAYERS,
+    MAX_PREFIX_OFFERS,
+    MAX_VOCAB,
+    PREFIX_HASH_BYTES,
+)
 from swarm.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
-PROTOCOL_GENERATION = 4
+PROTOCOL_GENERATION = 5
 """Version of every frame below; a peer refuses frames of any other generation.
 
 2: prefix KV snapshots (`Open.prefixes`, `OpenOk.restorable` / `fetched_from`, `Forward.restore`).
 3: server push (`Chain`, `Attach`, `Forward.push` / `rewind`, `Hidden.pushed`); `Token.logprob` only
    when asked (`SamplingParams.logprobs`).
-4: `Forward.steps`: one frame replays many recorded steps, each computed as it was first sent."""
-
-MAX_FRAME_BYTES = 64 * 1024 * 1024
-"""Largest frame body accepted (header + tensor); clients chunk bigger prefills."""
+4: `Forward.steps`: one frame replays many recorded steps, each computed as it was first sent.
+5: `Forward.sample` dropped: no peer read it (the last span always samples)."""
 
 MAX_HEADER_BYTES = 4096
 """Largest msgpack header accepted."""
-
-MAX_HIDDEN = 65_536
-"""Largest hidden size (tensor columns) of a hidden-state frame."""
-
-MAX_VOCAB = 1 << 20
-"""Largest vocabulary (tensor columns) of a logits tensor."""
-
-MAX_LAYERS = 4096
-"""Largest global layer index + 1 a span may name."""
 
 MAX_ID_CHARS = 128
 """Longest peer id / model id string."""
@@ -71,22 +84,17 @@ MAX_MESSAGE_CHARS = 1000
 
 SESSION_ID_BYTES = 16
 
-MAX_PREFIX_OFFERS = 64
-"""Most (n_tokens, hash) prefix offers in one Open (see swarm/kv/prefix.py)."""
-PREFIX_HASH_BYTES = 32
-
 MAX_FORWARD_STEPS = 1024
 """Most steps one `Forward` may carry (`Forward.steps`); keeps the header under MAX_HEADER_BYTES."""
 
 MAX_CHAIN_ADDRS = 16
 """Most multiaddrs of each kind a `Chain` frame may name for the next hop."""
-MAX_ADDR_CHARS = 256
 
 _PREFIX = struct.Struct(">BH")
 _DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
 _DTYPE_NAMES = {np.dtype("float32"): "f32", np.dtype("float16"): "f16"}
 _U64 = 2**64 - 1
-_I32 = 2**31 - 1
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "n_top_logprobs", "logprobs")
 
 
 class ErrorCode(str, enum.Enum):
@@ -110,38 +118,281 @@ def _int(name: str, v: Any, lo: int, hi: int) -> int:
     return v
 
 
-def _float(name: str, v: Any, lo: float, hi: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or not lo <= v <= hi:
-        raise ProtocolError(f"field {name!r} must be a number in [{lo}, {hi}], got {v!r:.80}")
-    return float(v)
-
-
-def _bool(name: str, v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ProtocolError(f"field {name!r} must be a boolean, got {v!r:.80}")
-    return v
-
-
 def _str(name: str, v: Any, max_chars: int) -> str:
     if not isinstance(v, str) or len(v) > max_chars:
         raise ProtocolError(f"field {name!r} must be a string of at most {max_chars} chars")
     return v
 
 
-def _tensor(name: str, v: Any, max_cols: int) -> np.ndarray:
-    """Check a `[rows, cols]` f32/f16 array; rows >= 1, 1 <= cols <= max_cols."""
-    if not isinstance(v, np.ndarray) or v.ndim != 2 or v.dtype not in _DTYPE_NAMES:
-        raise ProtocolError(f"field {name!r} must be a 2-D float32 or float16 array")
-    if v.shape[0] < 1 or not 1 <= v.shape[1] <= max_cols:
-        raise ProtocolError(f"field {name!r} has bad shape {v.shape} (rows >= 1, 1 <= cols <= {max_cols})")
-    return v
+# ---- field kinds: how one field is checked, written to the header and read back -------------------
+
+
+class _Kind:
+    """How one frame field is checked on construction, encoded into the header and decoded from it.
+
+    `check(name, v)` returns the value to store (only `_Text` changes it) or raises ProtocolError
+    naming the field; `encode(v)` gives the msgpack value; `decode(name, raw)` turns a msgpack value
+    into the constructor argument, refusing only what would not even reach `check` (a list where a
+    tuple is stored): the constructor runs `check` on it next."""
+
+    def check(self, name: str, v: Any) -> Any:
+        raise NotImplementedError
+
+    def encode(self, v: Any) -> Any:
+        return v
+
+    def decode(self, name: str, raw: Any) -> Any:
+        return raw
+
+
+@dataclass(frozen=True)
+class _Int(_Kind):
+    """An integer in [lo, hi] (bool refused)."""
+
+    lo: int
+    hi: int
+
+    def check(self, name: str, v: Any) -> Any:
+        return _int(name, v, self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class _Float(_Kind):
+    """A number in [lo, hi] (NaN and bool refused); `optional`: None allowed too."""
+
+    lo: float
+    hi: float
+    optional: bool = False
+
+    def check(self, name: str, v: Any) -> Any:
+        if v is None and self.optional:
+            return v
+        lo, hi = self.lo, self.hi
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or not lo <= v <= hi:
+            raise ProtocolError(f"field {name!r} must be a number in [{lo}, {hi}], got {v!r:.80}")
+        return v
+
+
+class _Bool(_Kind):
+    def check(self, name: str, v: Any) -> Any:
+        if not isinstance(v, bool):
+            raise ProtocolError(f"field {name!r} must be a boolean, got {v!r:.80}")
+        return v
+
+
+@dataclass(frozen=True)
+class _Str(_Kind):
+    """A string of at most max_chars; `hex`: also non-empty lowercase hex."""
+
+    max_chars: int
+    hex: bool = False
+
+    def check(self, name: str, v: Any) -> Any:
+        _str(name, v, self.max_chars)
+        if self.hex and (not v or any(c not in "0123456789abcdef" for c in v)):
+            raise ProtocolError(f"field {name!r} must be a non-empty lowercase hex string")
+        return v
+
+
+@dataclass(frozen=True)
+class _Text(_Kind):
+    """A string cut to max_chars on construction; a decoded one over max_chars is refused."""
+
+    max_chars: int
+
+    def check(self, name: str, v: Any) -> Any:
+        if not isinstance(v, str):
+            raise ProtocolError(f"field {name!r} must be a string")
+        return v[: self.max_chars]
+
+    def decode(self, name: str, raw: Any) -> Any:
+        return _str(name, raw, self.max_chars)
+
+
+@dataclass(frozen=True)
+class _Bytes(_Kind):
+    """Exactly n bytes; `or_empty`: b"" allowed too."""
+
+    n: int
+    or_empty: bool = False
+
+    def check(self, name: str, v: Any) -> Any:
+        if not isinstance(v, bytes) or not (len(v) == self.n or (self.or_empty and not v)):
+            or_empty = " or empty" if self.or_empty else ""
+            raise ProtocolError(f"field {name!r} must be {self.n} bytes{or_empty}")
+        return v
+
+
+@dataclass(frozen=True)
+class _Choice(_Kind):
+    """A member of a str enum, sent as its value; `what` names it in the decode error."""
+
+    enum: type[enum.Enum]
+    what: str
+
+    def check(self, name: str, v: Any) -> Any:
+        if not isinstance(v, self.enum):
+            raise ProtocolError(f"field {name!r} must be an {self.enum.__name__}, got {v!r:.80}")
+        return v
+
+    def encode(self, v: Any) -> Any:
+        return v.value
+
+    def decode(self, name: str, raw: Any) -> Any:
+        try:
+            return self.enum(raw)
+        except (ValueError, TypeError):
+            raise ProtocolError(f"unknown {self.what} {raw!r:.40}") from None
+
+
+class _Sampling(_Kind):
+    """`SamplingParams`, sent as a map with exactly `_SAMPLING_FIELDS`."""
+
+    def check(self, name: str, v: Any) -> Any:
+        if not isinstance(v, SamplingParams):
+            raise ProtocolError(f"field {name!r} must be SamplingParams")
+        return v
+
+    def encode(self, v: Any) -> Any:
+        return {f: getattr(v, f) for f in _SAMPLING_FIELDS}
+
+    def decode(self, name: str, raw: Any) -> Any:
+        if not isinstance(raw, dict) or set(raw) != set(_SAMPLING_FIELDS):
+            raise ProtocolError(f"field {name!r} must be a map with exactly {list(_SAMPLING_FIELDS)}")
+        try:
+            return SamplingParams(**raw)
+        except RequestError as err:
+            raise ProtocolError(f"field {name!r}: {err}") from None
+
+
+@dataclass(frozen=True)
+class _Pair(_Kind):
+    """A (first, second) tuple, sent as a 2-list; the parts are checked as `<field>.<part name>`."""
+
+    first: tuple[str, _Kind]
+    second: tuple[str, _Kind]
+
+    def _refuse(self, name: str) -> ProtocolError:
+        return ProtocolError(f"field {name!r} must hold ({self.first[0]}, {self.second[0]}) pairs")
+
+    def check(self, name: str, v: Any) -> Any:
+        if not isinstance(v, tuple) or len(v) != 2:
+            raise self._refuse(name)
+        for (part, kind), x in zip((self.first, self.second), v):
+            kind.check(f"{name}.{part}", x)
+        return v
+
+    def encode(self, v: Any) -> Any:
+        return [self.first[1].encode(v[0]), self.second[1].encode(v[1])]
+
+    def decode(self, name: str, raw: Any) -> Any:
+        if not isinstance(raw, list):
+            raise self._refuse(name)
+        return tuple(raw)
+
+
+@dataclass(frozen=True)
+class _Seq(_Kind):
+    """A tuple of at most max_len items of one kind (`noun` names them), sent as a list.
+
+    `ascending`: the items (or the pairs' first parts) are strictly ascending integers."""
+
+    item: _Kind
+    max_len: int
+    noun: str
+    ascending: bool = False
+
+    def check(self, name: str, v: Any) -> Any:
+        if not isinstance(v, tuple) or len(v) > self.max_len:
+            raise ProtocolError(f"field {name!r} must be a tuple of at most {self.max_len} {self.noun}")
+        for x in v:
+            self.item.check(name, x)
+        if self.ascending:
+            keys = [x[0] if isinstance(self.item, _Pair) else x for x in v]
+            if any(b <= a for a, b in zip(keys, keys[1:])):
+                raise ProtocolError(f"field {name!r} must be strictly ascending")
+        return v
+
+    def encode(self, v: Any) -> Any:
+        return [self.item.encode(x) for x in v]
+
+    def decode(self, name: str, raw: Any) -> Any:
+        if not isinstance(raw, list) or len(raw) > self.max_len:
+            raise ProtocolError(f"field {name!r} must be a list of at most {self.max_len} {self.noun}")
+        return tuple(self.item.decode(name, x) for x in raw)
+
+
+@dataclass(frozen=True)
+class _Tensor(_Kind):
+    """A `[rows, cols]` f32/f16 array, rows >= 1, 1 <= cols <= max_cols, carried after the header
+    (its "dtype" and "shape" in the header); `optional`: None allowed too (both then None)."""
+
+    max_cols: int
+    optional: bool = False
+
+    def check(self, name: str, v: Any) -> Any:
+        if v is None and self.optional:
+            return v
+        if not isinstance(v, np.ndarray) or v.ndim != 2 or v.dtype not in _DTYPE_NAMES:
+            raise ProtocolError(f"field {name!r} must be a 2-D float32 or float16 array")
+        if v.shape[0] < 1 or not 1 <= v.shape[1] <= self.max_cols:
+            raise ProtocolError(
+                f"field {name!r} has bad shape {v.shape} (rows >= 1, 1 <= cols <= {self.max_cols})"
+            )
+        return v
+
+
+def _wire(kind: _Kind, *, default: Any = dataclasses.MISSING,
+          default_factory: Any = dataclasses.MISSING) -> Any:
+    """Declare a frame field of this wire kind (with an optional default)."""
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={"wire": kind})
 
 
 # ---- frames ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Open:
+class _Frame:
+    """Base of every frame: validates the fields by their kinds on construction, then `_relate`."""
+
+    KIND: ClassVar[str]
+    """The header's "k"."""
+    _spec: ClassVar[tuple[tuple[str, _Kind], ...]]
+    _tensor: ClassVar[str | None]
+    """Name of the field carried as tensor bytes after the header, if any."""
+
+    def __post_init__(self) -> None:
+        for name, kind in self._spec:
+            v = getattr(self, name)
+            checked = kind.check(name, v)
+            if checked is not v:
+                object.__setattr__(self, name, checked)
+        self._relate()
+
+    def _relate(self) -> None:
+        """Check the rules that tie fields together (each field alone is already valid)."""
+
+
+_F = TypeVar("_F", bound=type)
+_BY_KIND: dict[str, type[_Frame]] = {}
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(_wire,))
+def _frame(kind: str) -> Callable[[_F], _F]:
+    """Make a class a frozen dataclass frame of header kind `kind`; every field is a `_wire`."""
+
+    def make(cls: _F) -> _F:
+        cls = dataclass(frozen=True)(cls)
+        spec = tuple((f.name, f.metadata["wire"]) for f in dataclasses.fields(cls))
+        cls.KIND, cls._spec = kind, spec
+        cls._tensor = next((name for name, k in spec if isinstance(k, _Tensor)), None)
+        _BY_KIND[kind] = cls
+        return cls
+
+    return make
+
+
+@_frame("open")
+class Open(_Frame):
     """Client → peer, first frame of a stream: open a session on the peer's span.
 
     Attributes:
@@ -155,40 +406,25 @@ class Open:
             the prompt, n_tokens strictly ascending; the last is the whole prompt (swarm/kv/prefix.py).
     """
 
-    session_id: bytes
-    client_id: str
-    model_id: str
-    start: int
-    end: int
-    max_tokens: int
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    prefixes: tuple[tuple[int, bytes], ...] = ()
+    session_id: bytes = _wire(_Bytes(SESSION_ID_BYTES))
+    client_id: str = _wire(_Str(MAX_ID_CHARS))
+    model_id: str = _wire(_Str(MAX_ID_CHARS, hex=True))
+    start: int = _wire(_Int(0, MAX_LAYERS - 1))
+    end: int = _wire(_Int(1, MAX_LAYERS))
+    max_tokens: int = _wire(_Int(1, MAX_CONTEXT_TOKENS))
+    sampling: SamplingParams = _wire(_Sampling(), default_factory=SamplingParams)
+    prefixes: tuple[tuple[int, bytes], ...] = _wire(
+        _Seq(_Pair(("n_tokens", _Int(1, MAX_CONTEXT_TOKENS)), ("hash", _Bytes(PREFIX_HASH_BYTES))),
+             MAX_PREFIX_OFFERS, "pairs", ascending=True),
+        default=(),
+    )
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.session_id, bytes) or len(self.session_id) != SESSION_ID_BYTES:
-            raise ProtocolError(f"field 'session_id' must be {SESSION_ID_BYTES} bytes")
-        _str("client_id", self.client_id, MAX_ID_CHARS)
-        _str("model_id", self.model_id, MAX_ID_CHARS)
-        if not self.model_id or any(c not in "0123456789abcdef" for c in self.model_id):
-            raise ProtocolError("field 'model_id' must be a non-empty lowercase hex string")
-        _int("start", self.start, 0, MAX_LAYERS - 1)
+    def _relate(self) -> None:
         _int("end", self.end, self.start + 1, MAX_LAYERS)
-        _int("max_tokens", self.max_tokens, 1, MAX_CONTEXT_TOKENS)
-        if not isinstance(self.sampling, SamplingParams):
-            raise ProtocolError("field 'sampling' must be SamplingParams")
-        if not isinstance(self.prefixes, tuple) or len(self.prefixes) > MAX_PREFIX_OFFERS:
-            raise ProtocolError(f"field 'prefixes' must be a tuple of at most {MAX_PREFIX_OFFERS} pairs")
-        last = 0
-        for pair in self.prefixes:
-            if not isinstance(pair, tuple) or len(pair) != 2:
-                raise ProtocolError("field 'prefixes' must hold (n_tokens, hash) pairs")
-            last = _int("prefixes.n_tokens", pair[0], last + 1, MAX_CONTEXT_TOKENS)
-            if not isinstance(pair[1], bytes) or len(pair[1]) != PREFIX_HASH_BYTES:
-                raise ProtocolError(f"field 'prefixes.hash' must be {PREFIX_HASH_BYTES} bytes")
 
 
-@dataclass(frozen=True)
-class OpenOk:
+@_frame("open_ok")
+class OpenOk(_Frame):
     """Peer → client: the session is open with `reserved_tokens` of KV cache.
 
     Attributes:
@@ -198,44 +434,31 @@ class OpenOk:
         fetched_from: peer id of the holder the peer fetched a snapshot from for this Open ("": none).
     """
 
-    reserved_tokens: int
-    restorable: tuple[int, ...] = ()
-    fetched_from: str = ""
-
-    def __post_init__(self) -> None:
-        _int("reserved_tokens", self.reserved_tokens, 1, MAX_CONTEXT_TOKENS)
-        if not isinstance(self.restorable, tuple) or len(self.restorable) > MAX_PREFIX_OFFERS:
-            raise ProtocolError(f"field 'restorable' must be a tuple of at most {MAX_PREFIX_OFFERS} lengths")
-        last = 0
-        for n in self.restorable:
-            last = _int("restorable[]", n, last + 1, MAX_CONTEXT_TOKENS)
-        _str("fetched_from", self.fetched_from, MAX_ID_CHARS)
+    reserved_tokens: int = _wire(_Int(1, MAX_CONTEXT_TOKENS))
+    restorable: tuple[int, ...] = _wire(
+        _Seq(_Int(1, MAX_CONTEXT_TOKENS), MAX_PREFIX_OFFERS, "lengths", ascending=True), default=()
+    )
+    fetched_from: str = _wire(_Str(MAX_ID_CHARS), default="")
 
 
-@dataclass(frozen=True)
-class Error:
+@_frame("error")
+class Error(_Frame):
     """Peer → client: the request failed; `message` is cut to MAX_MESSAGE_CHARS on construction."""
 
-    code: ErrorCode
-    message: str
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.code, ErrorCode):
-            raise ProtocolError(f"field 'code' must be an ErrorCode, got {self.code!r:.80}")
-        if not isinstance(self.message, str):
-            raise ProtocolError("field 'message' must be a string")
-        object.__setattr__(self, "message", self.message[:MAX_MESSAGE_CHARS])
+    code: ErrorCode = _wire(_Choice(ErrorCode, "error code"))
+    message: str = _wire(_Text(MAX_MESSAGE_CHARS))
 
 
-@dataclass(frozen=True)
-class Forward:
+@_frame("forward")
+class Forward(_Frame):
     """Client → peer: run the span on hidden states for positions [pos0, pos0 + n_tokens).
+
+    The last span always samples the last row and answers with `Token`; other spans answer `Hidden`.
 
     Attributes:
         step: client step counter (echoed in the reply), 0..2**64-1.
         pos0: position of the first row in the session.
         hidden: `[n_tokens, n_embd]` float32 or float16 hidden states (residual stream).
-        sample: last span only: sample the last row's logits and reply with `Token`.
         want_logits: last span only: also return the last row's logits in `Token.logits`.
         all_logits: with want_logits, return the logits of every row instead of only the last.
         restore: 0, or (only on a session's first Forward, with pos0 == restore) a prefix length the
@@ -251,36 +474,28 @@ class Forward:
             picks its kernel by row count), so regrouped rows would give other KV and outputs.
     """
 
-    step: int
-    pos0: int
-    hidden: np.ndarray
-    sample: bool = False
-    want_logits: bool = False
-    all_logits: bool = False
-    restore: int = 0
-    push: bool = False
-    rewind: bool = False
-    steps: tuple[int, ...] = ()
+    step: int = _wire(_Int(0, _U64))
+    pos0: int = _wire(_Int(0, MAX_CONTEXT_TOKENS))
+    hidden: np.ndarray = _wire(_Tensor(MAX_HIDDEN))
+    want_logits: bool = _wire(_Bool(), default=False)
+    all_logits: bool = _wire(_Bool(), default=False)
+    restore: int = _wire(_Int(0, MAX_CONTEXT_TOKENS), default=0)
+    push: bool = _wire(_Bool(), default=False)
+    rewind: bool = _wire(_Bool(), default=False)
+    steps: tuple[int, ...] = _wire(
+        _Seq(_Int(1, MAX_CONTEXT_TOKENS), MAX_FORWARD_STEPS, "row counts"), default=()
+    )
 
-    def __post_init__(self) -> None:
-        _int("step", self.step, 0, _U64)
-        _tensor("hidden", self.hidden, MAX_HIDDEN)
-        if not isinstance(self.steps, tuple) or len(self.steps) > MAX_FORWARD_STEPS:
-            raise ProtocolError(f"field 'steps' must be a tuple of at most {MAX_FORWARD_STEPS} row counts")
-        for n in self.steps:
-            _int("steps[]", n, 1, self.hidden.shape[0])
-        if self.steps and sum(self.steps) != self.hidden.shape[0]:
-            raise ProtocolError(f"field 'steps' sums to {sum(self.steps)} rows, the frame has "
-                                f"{self.hidden.shape[0]}")
-        _int("pos0", self.pos0, 0, MAX_CONTEXT_TOKENS - self.hidden.shape[0])
-        _bool("sample", self.sample)
-        _bool("want_logits", self.want_logits)
-        if _bool("all_logits", self.all_logits) and not self.want_logits:
+    def _relate(self) -> None:
+        rows = self.hidden.shape[0]
+        if self.steps and sum(self.steps) != rows:
+            raise ProtocolError(f"field 'steps' sums to {sum(self.steps)} rows, the frame has {rows}")
+        _int("pos0", self.pos0, 0, MAX_CONTEXT_TOKENS - rows)
+        if self.all_logits and not self.want_logits:
             raise ProtocolError("field 'all_logits' needs 'want_logits'")
-        if _int("restore", self.restore, 0, MAX_CONTEXT_TOKENS) and self.restore != self.pos0:
+        if self.restore and self.restore != self.pos0:
             raise ProtocolError("field 'restore' must equal 'pos0' when set")
-        _bool("push", self.push)
-        if _bool("rewind", self.rewind) and self.restore:
+        if self.rewind and self.restore:
             raise ProtocolError("fields 'rewind' and 'restore' exclude each other")
 
     @property
@@ -289,27 +504,21 @@ class Forward:
         return int(self.hidden.shape[0])
 
 
-@dataclass(frozen=True)
-class Hidden:
+@_frame("hidden")
+class Hidden(_Frame):
     """Peer → client: `[n_tokens, n_embd]` hidden states after the span, and compute time in ms.
 
     `pushed`: the peer also pushed them to the next hop (Forward.push), so the client need not
     relay them; this copy is what the client keeps for failover."""
 
-    step: int
-    hidden: np.ndarray
-    compute_ms: float
-    pushed: bool = False
-
-    def __post_init__(self) -> None:
-        _int("step", self.step, 0, _U64)
-        _tensor("hidden", self.hidden, MAX_HIDDEN)
-        _float("compute_ms", self.compute_ms, 0.0, 1e9)
-        _bool("pushed", self.pushed)
+    step: int = _wire(_Int(0, _U64))
+    hidden: np.ndarray = _wire(_Tensor(MAX_HIDDEN))
+    compute_ms: float = _wire(_Float(0.0, 1e9))
+    pushed: bool = _wire(_Bool(), default=False)
 
 
-@dataclass(frozen=True)
-class Token:
+@_frame("token")
+class Token(_Frame):
     """Last peer → client: the sampled token of a step.
 
     Attributes:
@@ -322,50 +531,29 @@ class Token:
         logits: `[rows, n_vocab]` float32 when the client asked (want_logits), else None.
     """
 
-    step: int
-    token: int
-    logprob: float | None
-    top: tuple[tuple[int, float], ...]
-    compute_ms: float
-    logits: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        _int("step", self.step, 0, _U64)
-        _int("token", self.token, 0, MAX_VOCAB - 1)
-        if self.logprob is not None:
-            _float("logprob", self.logprob, -math.inf, 0.0)
-        if not isinstance(self.top, tuple) or len(self.top) > MAX_TOP_LOGPROBS:
-            raise ProtocolError(f"field 'top' must be a tuple of at most {MAX_TOP_LOGPROBS} pairs")
-        for pair in self.top:
-            if not isinstance(pair, tuple) or len(pair) != 2:
-                raise ProtocolError("field 'top' must hold (token id, logprob) pairs")
-            _int("top.id", pair[0], 0, MAX_VOCAB - 1)
-            _float("top.logprob", pair[1], -math.inf, 0.0)
-        _float("compute_ms", self.compute_ms, 0.0, 1e9)
-        if self.logits is not None:
-            _tensor("logits", self.logits, MAX_VOCAB)
+    step: int = _wire(_Int(0, _U64))
+    token: int = _wire(_Int(0, MAX_VOCAB - 1))
+    logprob: float | None = _wire(_Float(-math.inf, 0.0, optional=True))
+    top: tuple[tuple[int, float], ...] = _wire(
+        _Seq(_Pair(("id", _Int(0, MAX_VOCAB - 1)), ("logprob", _Float(-math.inf, 0.0))),
+             MAX_TOP_LOGPROBS, "pairs")
+    )
+    compute_ms: float = _wire(_Float(0.0, 1e9))
+    logits: np.ndarray | None = _wire(_Tensor(MAX_VOCAB, optional=True), default=None)
 
 
-@dataclass(frozen=True)
-class Truncate:
+@_frame("truncate")
+class Truncate(_Frame):
     """Client → peer: roll the session back so that its next position is `pos`."""
 
-    pos: int
-
-    def __post_init__(self) -> None:
-        _int("pos", self.pos, 0, MAX_CONTEXT_TOKENS)
+    pos: int = _wire(_Int(0, MAX_CONTEXT_TOKENS))
 
 
-def _addrs(name: str, v: Any) -> tuple[str, ...]:
-    if not isinstance(v, tuple) or len(v) > MAX_CHAIN_ADDRS:
-        raise ProtocolError(f"field {name!r} must be a tuple of at most {MAX_CHAIN_ADDRS} multiaddrs")
-    for a in v:
-        _str(name, a, MAX_ADDR_CHARS)
-    return v
+_ADDRS = _Seq(_Str(MAX_ADDR_CHARS), MAX_CHAIN_ADDRS, "multiaddrs")
 
 
-@dataclass(frozen=True)
-class Chain:
+@_frame("chain")
+class Chain(_Frame):
     """Client → peer: where this session's pushed outputs go, and whose pushes it accepts.
 
     Answered with `OpenOk` (an acknowledgement). A later Chain replaces the earlier one.
@@ -378,137 +566,44 @@ class Chain:
         prev_peer: the only peer id whose pushed frames this session accepts ("": none).
     """
 
-    next_peer: str = ""
-    next_session: bytes = b""
-    next_addrs: tuple[str, ...] = ()
-    next_direct: tuple[str, ...] = ()
-    prev_peer: str = ""
+    next_peer: str = _wire(_Str(MAX_ID_CHARS), default="")
+    next_session: bytes = _wire(_Bytes(SESSION_ID_BYTES, or_empty=True), default=b"")
+    next_addrs: tuple[str, ...] = _wire(_ADDRS, default=())
+    next_direct: tuple[str, ...] = _wire(_ADDRS, default=())
+    prev_peer: str = _wire(_Str(MAX_ID_CHARS), default="")
 
-    def __post_init__(self) -> None:
-        _str("next_peer", self.next_peer, MAX_ID_CHARS)
-        _str("prev_peer", self.prev_peer, MAX_ID_CHARS)
-        if not isinstance(self.next_session, bytes) or len(self.next_session) != (
-            SESSION_ID_BYTES if self.next_peer else 0
-        ):
+    def _relate(self) -> None:
+        if bool(self.next_session) != bool(self.next_peer):
             raise ProtocolError(
                 f"field 'next_session' must be {SESSION_ID_BYTES} bytes with a next_peer, else empty"
             )
-        _addrs("next_addrs", self.next_addrs)
-        _addrs("next_direct", self.next_direct)
 
 
-@dataclass(frozen=True)
-class Attach:
+@_frame("attach")
+class Attach(_Frame):
     """Peer → next peer, first frame of a push stream: the pushed Forwards are for this session.
 
     Answered with `OpenOk` when the session exists and names the sender as `Chain.prev_peer`."""
 
-    session_id: bytes
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.session_id, bytes) or len(self.session_id) != SESSION_ID_BYTES:
-            raise ProtocolError(f"field 'session_id' must be {SESSION_ID_BYTES} bytes")
+    session_id: bytes = _wire(_Bytes(SESSION_ID_BYTES))
 
 
-@dataclass(frozen=True)
-class Close:
+@_frame("close")
+class Close(_Frame):
     """Client → peer: release the session; the stream ends."""
 
 
 Frame = Union[Open, OpenOk, Error, Forward, Hidden, Token, Truncate, Chain, Attach, Close]
 
-_KINDS: dict[type, str] = {
-    Open: "open",
-    OpenOk: "open_ok",
-    Error: "error",
-    Forward: "forward",
-    Hidden: "hidden",
-    Token: "token",
-    Truncate: "truncate",
-    Chain: "chain",
-    Attach: "attach",
-    Close: "close",
-}
 _FIELDS: dict[str, frozenset[str]] = {
-    "open": frozenset(
-        {"session_id", "client_id", "model_id", "start", "end", "max_tokens", "sampling", "prefixes"}
-    ),
-    "open_ok": frozenset({"reserved_tokens", "restorable", "fetched_from"}),
-    "error": frozenset({"code", "message"}),
-    "forward": frozenset(
-        {"step", "pos0", "sample", "want_logits", "all_logits", "restore", "push", "rewind", "steps", "dtype",
-         "shape"}
-    ),
-    "hidden": frozenset({"step", "compute_ms", "pushed", "dtype", "shape"}),
-    "token": frozenset({"step", "token", "logprob", "top", "compute_ms", "dtype", "shape"}),
-    "truncate": frozenset({"pos"}),
-    "chain": frozenset({"next_peer", "next_session", "next_addrs", "next_direct", "prev_peer"}),
-    "attach": frozenset({"session_id"}),
-    "close": frozenset(),
+    kind: frozenset(name for name, _ in cls._spec if name != cls._tensor)
+    | (frozenset({"dtype", "shape"}) if cls._tensor else frozenset())
+    for kind, cls in _BY_KIND.items()
 }
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "n_top_logprobs", "logprobs")
+"""Header keys (besides "k") of each frame kind."""
 
 
 # ---- encode ---------------------------------------------------------------------------------------
-
-
-def _header(frame: Frame) -> tuple[dict[str, Any], np.ndarray | None]:
-    """The header map (without "k") and the tensor, if any, of a frame."""
-    if isinstance(frame, Open):
-        s = frame.sampling
-        return {
-            "session_id": frame.session_id,
-            "client_id": frame.client_id,
-            "model_id": frame.model_id,
-            "start": frame.start,
-            "end": frame.end,
-            "max_tokens": frame.max_tokens,
-            "sampling": {name: getattr(s, name) for name in _SAMPLING_FIELDS},
-            "prefixes": [[n, h] for n, h in frame.prefixes],
-        }, None
-    if isinstance(frame, OpenOk):
-        return {
-            "reserved_tokens": frame.reserved_tokens,
-            "restorable": list(frame.restorable),
-            "fetched_from": frame.fetched_from,
-        }, None
-    if isinstance(frame, Error):
-        return {"code": frame.code.value, "message": frame.message}, None
-    if isinstance(frame, Forward):
-        return {
-            "step": frame.step,
-            "pos0": frame.pos0,
-            "sample": frame.sample,
-            "want_logits": frame.want_logits,
-            "all_logits": frame.all_logits,
-            "restore": frame.restore,
-            "push": frame.push,
-            "rewind": frame.rewind,
-            "steps": list(frame.steps),
-        }, frame.hidden
-    if isinstance(frame, Hidden):
-        return {"step": frame.step, "compute_ms": frame.compute_ms, "pushed": frame.pushed}, frame.hidden
-    if isinstance(frame, Token):
-        return {
-            "step": frame.step,
-            "token": frame.token,
-            "logprob": frame.logprob,
-            "top": [list(p) for p in frame.top],
-            "compute_ms": frame.compute_ms,
-        }, frame.logits
-    if isinstance(frame, Truncate):
-        return {"pos": frame.pos}, None
-    if isinstance(frame, Chain):
-        return {
-            "next_peer": frame.next_peer,
-            "next_session": frame.next_session,
-            "next_addrs": list(frame.next_addrs),
-            "next_direct": list(frame.next_direct),
-            "prev_peer": frame.prev_peer,
-        }, None
-    if isinstance(frame, Attach):
-        return {"session_id": frame.session_id}, None
-    return {}, None
 
 
 def encode_frame(frame: Frame) -> bytes:
@@ -521,32 +616,35 @@ def encode_frame(frame: Frame) -> bytes:
     Raises:
         ProtocolError: not a frame, or the header or whole body exceeds its size bound.
     """
-    kind = _KINDS.get(type(frame))
-    if kind is None:
-        raise ProtocolError(f"not a frame: {type(frame).__name__}")
-    header, tensor = _header(frame)
-    header["k"] = kind
+    cls = type(frame)
+    if _BY_KIND.get(getattr(cls, "KIND", None)) is not cls:
+        raise ProtocolError(f"not a frame: {cls.__name__}")
+    header = {name: kind.encode(getattr(frame, name)) for name, kind in cls._spec if name != cls._tensor}
+    header["k"] = cls.KIND
     payload = b""
-    if tensor is not None:
-        header["dtype"] = _DTYPE_NAMES[tensor.dtype]
-        header["shape"] = [int(tensor.shape[0]), int(tensor.shape[1])]
-        payload = np.ascontiguousarray(tensor, dtype=_DTYPES[header["dtype"]]).tobytes()
-    elif kind == "token":
-        header["dtype"] = None
-        header["shape"] = None
+    if cls._tensor is not None:
+        tensor = getattr(frame, cls._tensor)
+        header["dtype"] = header["shape"] = None
+        if tensor is not None:
+            header["dtype"] = _DTYPE_NAMES[tensor.dtype]
+            header["shape"] = [int(tensor.shape[0]), int(tensor.shape[1])]
+            payload = np.ascontiguousarray(tensor, dtype=_DTYPES[header["dtype"]]).tobytes()
     packed = msgpack.packb(header, use_bin_type=True)
     if len(packed) > MAX_HEADER_BYTES:
-        raise ProtocolError(f"{kind} header is {len(packed)} B, over MAX_HEADER_BYTES {MAX_HEADER_BYTES}")
+        raise ProtocolError(f"{cls.KIND} header is {len(packed)} B, over MAX_HEADER_BYTES {MAX_HEADER_BYTES}")
     size = _PREFIX.size + len(packed) + len(payload)
     if size > MAX_FRAME_BYTES:
-        raise ProtocolError(f"{kind} frame is {size} B, over MAX_FRAME_BYTES {MAX_FRAME_BYTES}")
+        raise ProtocolError(f"{cls.KIND} frame is {size} B, over MAX_FRAME_BYTES {MAX_FRAME_BYTES}")
     return b"".join((_PREFIX.pack(PROTOCOL_GENERATION, len(packed)), packed, payload))
 
 
 # ---- decode ---------------------------------------------------------------------------------------
 
 
-def _decode_tensor(h: dict[str, Any], payload: memoryview, max_cols: int) -> np.ndarray:
+def _decode_tensor(kind: str, h: dict[str, Any], payload: memoryview, spec: _Tensor) -> np.ndarray | None:
+    if spec.optional and h["dtype"] is None and h["shape"] is None:
+        _no_payload(kind, payload)
+        return None
     dtype = _DTYPES.get(h["dtype"]) if isinstance(h["dtype"], str) else None
     if dtype is None:
         raise ProtocolError(f"field 'dtype' must be one of {sorted(_DTYPES)}, got {h['dtype']!r:.40}")
@@ -554,7 +652,7 @@ def _decode_tensor(h: dict[str, Any], payload: memoryview, max_cols: int) -> np.
     if not isinstance(shape, list) or len(shape) != 2:
         raise ProtocolError("field 'shape' must be [rows, cols]")
     rows = _int("shape[0]", shape[0], 1, MAX_FRAME_BYTES)
-    cols = _int("shape[1]", shape[1], 1, max_cols)
+    cols = _int("shape[1]", shape[1], 1, spec.max_cols)
     if rows * cols * dtype.itemsize != len(payload):
         raise ProtocolError(
             f"tensor of shape [{rows}, {cols}] {h['dtype']} needs {rows * cols * dtype.itemsize} B, "
@@ -566,107 +664,6 @@ def _decode_tensor(h: dict[str, Any], payload: memoryview, max_cols: int) -> np.
 def _no_payload(kind: str, payload: memoryview) -> None:
     if len(payload):
         raise ProtocolError(f"{kind} frame carries {len(payload)} unexpected tensor bytes")
-
-
-def _decode_sampling(v: Any) -> SamplingParams:
-    if not isinstance(v, dict) or set(v) != set(_SAMPLING_FIELDS):
-        raise ProtocolError(f"field 'sampling' must be a map with exactly {list(_SAMPLING_FIELDS)}")
-    try:
-        return SamplingParams(**v)
-    except RequestError as err:
-        raise ProtocolError(f"field 'sampling': {err}") from None
-
-
-def _decode_pairs(name: str, v: Any) -> tuple:
-    if not isinstance(v, list) or not all(isinstance(p, list) for p in v):
-        raise ProtocolError(f"field {name!r} must be a list of pairs")
-    return tuple(tuple(p) for p in v)
-
-
-def _decode_ints(name: str, v: Any) -> tuple:
-    if not isinstance(v, list) or len(v) > MAX_FORWARD_STEPS:
-        raise ProtocolError(f"field {name!r} must be a list of at most {MAX_FORWARD_STEPS} integers")
-    return tuple(v)
-
-
-def _decode_strs(name: str, v: Any) -> tuple:
-    if not isinstance(v, list):
-        raise ProtocolError(f"field {name!r} must be a list")
-    return tuple(v)
-
-
-def _build(kind: str, h: dict[str, Any], payload: memoryview) -> Frame:
-    if kind == "forward":
-        return Forward(
-            step=h["step"],
-            pos0=h["pos0"],
-            hidden=_decode_tensor(h, payload, MAX_HIDDEN),
-            sample=h["sample"],
-            want_logits=h["want_logits"],
-            all_logits=h["all_logits"],
-            restore=h["restore"],
-            push=h["push"],
-            rewind=h["rewind"],
-            steps=_decode_ints("steps", h["steps"]),
-        )
-    if kind == "hidden":
-        hidden = _decode_tensor(h, payload, MAX_HIDDEN)
-        return Hidden(step=h["step"], hidden=hidden, compute_ms=h["compute_ms"], pushed=h["pushed"])
-    if kind == "token":
-        logits = None
-        if h["dtype"] is not None or h["shape"] is not None:
-            logits = _decode_tensor(h, payload, MAX_VOCAB)
-        else:
-            _no_payload(kind, payload)
-        top = h["top"]
-        if not isinstance(top, list) or not all(isinstance(p, list) for p in top):
-            raise ProtocolError("field 'top' must be a list of [token id, logprob] pairs")
-        return Token(
-            step=h["step"],
-            token=h["token"],
-            logprob=h["logprob"],
-            top=tuple(tuple(p) for p in top),
-            compute_ms=h["compute_ms"],
-            logits=logits,
-        )
-    _no_payload(kind, payload)
-    if kind == "open":
-        return Open(
-            session_id=h["session_id"],
-            client_id=h["client_id"],
-            model_id=h["model_id"],
-            start=h["start"],
-            end=h["end"],
-            max_tokens=h["max_tokens"],
-            sampling=_decode_sampling(h["sampling"]),
-            prefixes=_decode_pairs("prefixes", h["prefixes"]),
-        )
-    if kind == "open_ok":
-        restorable = h["restorable"]
-        if not isinstance(restorable, list):
-            raise ProtocolError("field 'restorable' must be a list")
-        return OpenOk(
-            reserved_tokens=h["reserved_tokens"], restorable=tuple(restorable), fetched_from=h["fetched_from"]
-        )
-    if kind == "error":
-        try:
-            code = ErrorCode(h["code"])
-        except (ValueError, TypeError):
-            raise ProtocolError(f"unknown error code {h['code']!r:.40}") from None
-        return Error(code=code, message=_str("message", h["message"], MAX_MESSAGE_CHARS))
-    if kind == "truncate":
-        return Truncate(pos=h["pos"])
-    if kind == "chain":
-        return Chain(
-            next_peer=h["next_peer"],
-            next_session=h["next_session"],
-            next_addrs=_decode_strs("next_addrs", h["next_addrs"]),
-            next_direct=_decode_strs("next_direct", h["next_direct"]),
-            prev_peer=h["prev_peer"],
-        )
-    if kind == "attach":
-        return Attach(session_id=h["session_id"])
-    return Close()
 
 
 def decode_frame(data: bytes | bytearray | memoryview) -> Frame:
@@ -702,8 +699,16 @@ def decode_frame(data: bytes | bytearray | memoryview) -> Frame:
     if not isinstance(h, dict):
         raise ProtocolError("frame header must be a map")
     kind = h.pop("k", None)
-    if not isinstance(kind, str) or kind not in _FIELDS:
+    cls = _BY_KIND.get(kind) if isinstance(kind, str) else None
+    if cls is None:
         raise ProtocolError(f"unknown frame kind {kind!r:.40}")
     if set(h) != _FIELDS[kind]:
         raise ProtocolError(f"{kind} frame fields {sorted(map(str, h))} != {sorted(_FIELDS[kind])}")
-    return _build(kind, h, view[_PREFIX.size + header_len :])
+    payload = view[_PREFIX.size + header_len :]
+    if cls._tensor is None:
+        _no_payload(kind, payload)
+    args = {
+        name: _decode_tensor(kind, h, payload, spec) if name == cls._tensor else spec.decode(name, h[name])
+        for name, spec in cls._spec
+    }
+    return cls(**args)

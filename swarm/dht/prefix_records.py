@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 
 from swarm.dht.records import MAX_ADDR_CHARS, MAX_ADDRS
-from swarm.kv.prefix import HASH_BYTES
+from swarm.limits import PREFIX_HASH_BYTES as HASH_BYTES
 
 HOLDINGS_NAME = "prefixes"
 MAX_HELD = 512

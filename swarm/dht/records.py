@@ -16,10 +16,10 @@ import pydantic.v1 as pydantic
 from pydantic.v1 import confloat, conint, conlist, constr
 
 from swarm.errors import ProtocolError
+from swarm.limits import MAX_ADDR_CHARS
 
 MAX_LAYER = 100_000
 MAX_ADDRS = 16
-MAX_ADDR_CHARS = 256
 MAX_PUBLIC_NAME_CHARS = 64
 MAX_RATE = 1e9
 """Upper bound for tokens/s figures and DHT times; larger is a lie or a bug."""

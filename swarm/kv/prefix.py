@@ -31,13 +31,12 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
+from swarm.limits import MAX_PREFIX_OFFERS
+
 PREFIX_BLOCK_TOKENS = 64
 """Block of the hash chain, the peers' prefill ubatch and the granularity of restores."""
-MAX_PREFIX_OFFERS = 64
-"""Most (n_tokens, hash) pairs one Open may carry (~38 B each in msgpack, under MAX_HEADER_BYTES)."""
 DENSE_TAIL_OFFERS = 32
 """Offers always kept at consecutive block boundaries just below the prompt's end."""
-HASH_BYTES = 32
 _SEED = hashlib.sha256(b"swarm-prefix-v1").digest()
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import msgpack
 
 from swarm.errors import ProtocolError
-from swarm.kv.prefix import HASH_BYTES, MAX_PREFIX_OFFERS
+from swarm.limits import MAX_PREFIX_OFFERS, PREFIX_HASH_BYTES as HASH_BYTES
 
 SNAPSHOT_FORMAT_VERSION = 1
 """Version of the payload layout and header fields below."""

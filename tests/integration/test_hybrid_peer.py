@@ -35,11 +35,11 @@ def raw(tmp_path_factory):
 
 def test_synthetic_hybrid_truncate_into_the_sequence_is_refused_and_the_session_stays_put(raw):
     s = raw.open_session()
-    assert isinstance(raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=hidden(4), sample=True))), Token)
+    assert isinstance(raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=hidden(4)))), Token)
     reply = raw.ask(s, encode_frame(Truncate(pos=2)))
     assert isinstance(reply, Error), reply
     # the session table still says 4 (where the cache is): position 4 is next, position 2 is not
-    refused = raw.ask(s, encode_frame(Forward(step=1, pos0=2, hidden=hidden(1, 1), sample=True)))
+    refused = raw.ask(s, encode_frame(Forward(step=1, pos0=2, hidden=hidden(1, 1))))
     assert isinstance(refused, Error) and "position 2" in refused.message, refused
-    after = raw.ask(s, encode_frame(Forward(step=2, pos0=4, hidden=hidden(1, 2), sample=True)))
+    after = raw.ask(s, encode_frame(Forward(step=2, pos0=4, hidden=hidden(1, 2))))
     assert isinstance(after, Token), after

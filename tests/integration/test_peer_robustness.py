@@ -177,7 +177,7 @@ def test_oversized_frame_closes_only_that_stream(raw):
     s._writer.write(struct.pack(">I", MAX_FRAME_BYTES + 1))  # noqa: SLF001 - a hostile client's raw write
     raw.assert_closed(s)
     s2 = raw.open_session()  # the peer still admits sessions
-    reply = raw.ask(s2, encode_frame(Forward(step=0, pos0=0, hidden=hidden(), sample=True)))
+    reply = raw.ask(s2, encode_frame(Forward(step=0, pos0=0, hidden=hidden())))
     assert isinstance(reply, Token)
 
 
@@ -187,7 +187,7 @@ def test_oversized_frame_closes_only_that_stream(raw):
 def test_bad_forwards_keep_the_session(raw):
     s = raw.open_session()
     expect_error(
-        raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=hidden(cols=100), sample=True))),
+        raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=hidden(cols=100)))),
         ErrorCode.BAD_REQUEST,
         "hidden size 100",
         str(N_EMBD),
@@ -195,42 +195,42 @@ def test_bad_forwards_keep_the_session(raw):
     nan = hidden(2)
     nan[1, 7] = np.nan
     expect_error(
-        raw.ask(s, encode_frame(Forward(step=1, pos0=0, hidden=nan, sample=True))),
+        raw.ask(s, encode_frame(Forward(step=1, pos0=0, hidden=nan))),
         ErrorCode.BAD_REQUEST,
         "NaN or infinite",
     )
     expect_error(
-        raw.ask(s, encode_frame(Forward(step=2, pos0=5, hidden=hidden(), sample=True))),
+        raw.ask(s, encode_frame(Forward(step=2, pos0=5, hidden=hidden()))),
         ErrorCode.BAD_REQUEST,
         "position 5",
         "at 0",
     )
     expect_error(
-        raw.ask(s, encode_frame(Forward(step=3, pos0=0, hidden=hidden(65), sample=True))),
+        raw.ask(s, encode_frame(Forward(step=3, pos0=0, hidden=hidden(65)))),
         ErrorCode.BAD_REQUEST,
         "65",
     )  # past the 64 tokens reserved at open
     # None of those advanced the session: position 0 works, then position 1.
-    first = raw.ask(s, encode_frame(Forward(step=4, pos0=0, hidden=hidden(3), sample=True)))
+    first = raw.ask(s, encode_frame(Forward(step=4, pos0=0, hidden=hidden(3))))
     assert isinstance(first, Token) and first.step == 4
-    second = raw.ask(s, encode_frame(Forward(step=5, pos0=3, hidden=hidden(1, seed=1), sample=True)))
+    second = raw.ask(s, encode_frame(Forward(step=5, pos0=3, hidden=hidden(1, seed=1))))
     assert isinstance(second, Token) and second.step == 5
 
 
 def test_forward_over_the_token_cap_is_refused_and_keeps_the_session(raw):
     s = raw.open_session(max_tokens=MAX_FORWARD_TOKENS + 8)
     expect_error(
-        raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=hidden(MAX_FORWARD_TOKENS + 1), sample=True))),
+        raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=hidden(MAX_FORWARD_TOKENS + 1)))),
         ErrorCode.BAD_REQUEST,
         f"at most {MAX_FORWARD_TOKENS} tokens",
         str(MAX_FORWARD_TOKENS + 1),
     )
     # A frame of exactly the cap is served (in several chunks on the peer), and the session goes on.
     # Its 2,048 rows take ~20-40 s on a loaded 2-core machine: the hang guard is wider than REPLY_S.
-    frame = encode_frame(Forward(step=1, pos0=0, hidden=hidden(MAX_FORWARD_TOKENS), sample=True))
+    frame = encode_frame(Forward(step=1, pos0=0, hidden=hidden(MAX_FORWARD_TOKENS)))
     first = raw.ask(s, frame, timeout_s=600.0)
     assert isinstance(first, Token) and first.step == 1
-    nxt = raw.ask(s, encode_frame(Forward(step=2, pos0=MAX_FORWARD_TOKENS, hidden=hidden(1), sample=True)))
+    nxt = raw.ask(s, encode_frame(Forward(step=2, pos0=MAX_FORWARD_TOKENS, hidden=hidden(1))))
     assert isinstance(nxt, Token) and nxt.step == 2
 
 
@@ -263,7 +263,7 @@ def test_non_final_span_answers_hidden_and_refuses_bad_forwards(half):
 
 def test_truncated_tensor_bytes_end_the_stream(raw):
     s = raw.open_session()
-    body = encode_frame(Forward(step=0, pos0=0, hidden=hidden(2), sample=True))
+    body = encode_frame(Forward(step=0, pos0=0, hidden=hidden(2)))
     expect_error(
         raw.ask(s, body[:-4]),
         ErrorCode.PROTOCOL,
@@ -279,7 +279,6 @@ def test_wrong_dtype_ends_the_stream(raw):
         "k": "forward",
         "step": 0,
         "pos0": 0,
-        "sample": True,
         "want_logits": False,
         "all_logits": False,
         "restore": 0,
@@ -309,7 +308,7 @@ def test_bad_stream_does_not_disturb_a_running_session(raw, peer, smollm2_path, 
             text += delta
             s = raw.open_session()
             expect_error(
-                raw.ask(s, encode_frame(Forward(step=0, pos0=9, hidden=hidden(), sample=True))),
+                raw.ask(s, encode_frame(Forward(step=0, pos0=9, hidden=hidden()))),
                 ErrorCode.BAD_REQUEST,
                 "position 9",
             )

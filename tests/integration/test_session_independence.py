@@ -41,7 +41,7 @@ def raw(smollm2_path, tmp_path_factory):
 
 
 def _forward(step: int, pos0: int, hidden: np.ndarray) -> bytes:
-    return encode_frame(Forward(step=step, pos0=pos0, hidden=hidden, sample=True, want_logits=True))
+    return encode_frame(Forward(step=step, pos0=pos0, hidden=hidden, want_logits=True))
 
 
 def _token(reply) -> Token:

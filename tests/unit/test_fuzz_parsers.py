@@ -221,7 +221,7 @@ _VALID_FRAMES = [
         Open(bytes(16), "12D3KooWclient", "ab" * 32, 0, 10, 64, SamplingParams(0.7, 0.9, 40, 2**63, 3)),
         OpenOk(reserved_tokens=64),
         Error(ErrorCode.BUSY, "no free session slot"),
-        Forward(step=3, pos0=5, hidden=_H, sample=True, want_logits=True, all_logits=False),
+        Forward(step=3, pos0=5, hidden=_H, want_logits=True, all_logits=False),
         Hidden(step=3, hidden=_H[:1].astype(np.float16), compute_ms=1.5),
         Token(step=3, token=7, logprob=-0.5, top=((7, -0.5), (1, -2.0)), compute_ms=0.25, logits=_H[:2]),
         Truncate(pos=4),

@@ -1,7 +1,11 @@
-"""swarm.wire: round trips, every refusal, and a seeded fuzz of the decoder."""
+"""swarm.wire: round trips, every refusal, a seeded fuzz of the decoder, and that every field is read."""
 
+import ast
+import dataclasses
 import random
 import struct
+import typing
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -22,6 +26,7 @@ from swarm.wire import (
     Error,
     ErrorCode,
     Forward,
+    Frame,
     Hidden,
     Open,
     OpenOk,
@@ -50,7 +55,7 @@ def _frames():
         OpenOk(reserved_tokens=4096),
         Error(code=ErrorCode.BUSY, message="no free session slot"),
         Forward(step=0, pos0=0, hidden=H_PREFILL),
-        Forward(step=7, pos0=130, hidden=H576, sample=True, want_logits=True, all_logits=True),
+        Forward(step=7, pos0=130, hidden=H576, want_logits=True, all_logits=True),
         Hidden(step=7, hidden=H576, compute_ms=1.25),
         Token(step=7, token=42, logprob=-0.25, top=((42, -0.25), (7, -2.0)), compute_ms=0.5),
         Token(step=9, token=3, logprob=None, top=(), compute_ms=0.5),
@@ -90,8 +95,9 @@ def test_round_trip_preserves_every_field(frame):
 
 
 def test_size_line_decode_frame_is_4_n_embd_plus_small_header():
-    body = encode_frame(Forward(step=123456, pos0=100_000, hidden=H576, sample=True))
-    # generation 2 added 'restore' (9 B), generation 3 'push' and 'rewind' (15 B), generation 4 'steps' (7 B)
+    body = encode_frame(Forward(step=123456, pos0=100_000, hidden=H576))
+    # generation 2 added 'restore' (9 B), generation 3 'push' and 'rewind' (15 B), generation 4 'steps' (7 B);
+    # generation 5 dropped 'sample' (8 B)
     assert 4 * 576 < len(body) <= 4 * 576 + 118
 
 
@@ -109,6 +115,15 @@ def test_generation_mismatch_is_refused_before_the_header():
         decode_frame(bytes(body))
 
 
+def test_a_generation_4_peer_is_refused():
+    # generation 5 dropped Forward.sample: a generation-4 Forward (which still carries it) is refused
+    # by its first byte, as the peer's handler refuses any mismatch at the handshake
+    assert PROTOCOL_GENERATION == 5
+    body = _raw(_fwd_header(sample=True), bytes(16), generation=4)
+    with pytest.raises(ProtocolError, match="peer speaks protocol generation 4, this one speaks 5"):
+        decode_frame(body)
+
+
 def _raw(header, payload=b"", generation=PROTOCOL_GENERATION):
     packed = msgpack.packb(header, use_bin_type=True)
     return struct.pack(">BH", generation, len(packed)) + packed + payload
@@ -119,7 +134,6 @@ def _fwd_header(**over):
         "k": "forward",
         "step": 1,
         "pos0": 0,
-        "sample": False,
         "want_logits": False,
         "all_logits": False,
         "restore": 0,
@@ -168,7 +182,9 @@ def _fwd_header(**over):
         (_raw(_fwd_header(shape=[1, 70_000]), bytes(280_000)), r"shape\[1\]"),
         (_raw(_fwd_header(shape=[2**40, 2**20]), b""), r"shape\[0\]"),
         (_raw(_fwd_header(step=-1), bytes(16)), "'step'"),
-        (_raw(_fwd_header(sample=1), bytes(16)), "'sample'"),
+        (_raw(_fwd_header(want_logits=1), bytes(16)), "'want_logits'"),
+        (_raw(_fwd_header(push=1), bytes(16)), "'push'"),
+        (_raw(_fwd_header(sample=True), bytes(16)), "fields"),
         (_raw(_fwd_header(all_logits=True), bytes(16)), "needs 'want_logits'"),
         (_raw(_fwd_header(pos0=131_072), bytes(16)), "'pos0'"),
         (
@@ -406,3 +422,41 @@ def test_fuzz_header_fields_raise_only_protocol_error():
         kinds_decoded.add(type(frame).__name__)
         _same(decode_frame(encode_frame(frame)), frame)
     assert kinds_decoded  # some mutations (e.g. a new step number) stay valid
+
+
+def _attribute_reads(root: Path, skip: Path) -> set[str]:
+    """Names `x` of every attribute load `<expr>.x` in the .py files under root, except skip."""
+    names = set()
+    for path in root.rglob("*.py"):
+        if path != skip:
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                    names.add(node.attr)
+    return names
+
+
+def test_every_frame_field_is_read_outside_wire():
+    """A field that is only sent and never read is dead weight on the wire (as `Forward.sample` was
+    until generation 5): some code in swarm/ outside wire.py must read each field.
+
+    A read is an attribute load `.field` in the syntax tree, so comments, strings and constructor
+    keywords (`Forward(sample=True)`, the sending side) do not count. Names are matched without
+    types: a common name (`step`, `hidden`) may be satisfied by an unrelated read, so this catches a
+    field that nothing reads by its name at all, which is how `sample` went unnoticed."""
+    swarm_dir = Path(__file__).resolve().parents[2] / "swarm"
+    reads = _attribute_reads(swarm_dir, swarm_dir / "wire.py")
+    unread = [
+        f"{cls.__name__}.{f.name}"
+        for cls in typing.get_args(Frame)
+        for f in dataclasses.fields(cls)
+        if f.name not in reads
+    ]
+    assert not unread, f"frame fields sent but never read in swarm/: {unread}"
+
+
+def test_only_attribute_loads_count_as_reads(tmp_path):
+    (tmp_path / "sender.py").write_text(
+        "send(Forward(step=0, sample=True))  # frame.sample\n"
+        "log('frame.sample')\nframe.push = 1\nuse(frame.step)\n"
+    )
+    assert _attribute_reads(tmp_path, tmp_path / "wire.py") == {"step"}
