@@ -3,7 +3,7 @@
 A `ClientSite` is one client process somewhere on the globe: it is the `PeerDirectory` and the
 `HopTransport` that `swarm.client.session.RouteSession` is given, and it keeps what a real client
 keeps across its generations (measured RTTs, the last DHT read, `Exclusions`). As
-`swarm.client.remote.DHTDirectory` does, a read costs `dht_read_s` and is reused for up to
+`swarm.client.directory.DHTDirectory` does, a read costs `dht_read_s` and is reused for up to
 SNAPSHOT_MAX_AGE_S when the session does not ask for a fresh one (failover re-plans), and peers not
 measured yet are pinged in parallel first (a live or reset peer answers or refuses within its round
 trip; a frozen one costs the probe timeout and is reported unreachable).
@@ -39,7 +39,7 @@ from swarm.route.plan import PeerSpan
 from swarm.sampling import SamplingParams
 
 SNAPSHOT_MAX_AGE_S = 60.0
-"""A read is reused this long by non-fresh requests (as `swarm.client.remote.SNAPSHOT_MAX_AGE_S`)."""
+"""A read is reused this long by non-fresh requests (as `swarm.client.directory.SNAPSHOT_MAX_AGE_S`)."""
 MODEL_ID = "5e" * 16
 """The simulated model's id (any hex string)."""
 
@@ -105,7 +105,7 @@ class ClientSite:
         return rtt_ms(self.location, peer.profile.location, self.access_ms, peer.profile.access_ms) / 1000.0
 
     async def peers(self, skip_probe: frozenset[str], fresh: bool) -> list[PeerSpan]:
-        """See `swarm.client.session.PeerDirectory.peers`."""
+        """See `swarm.client.link.PeerDirectory.peers`."""
         loop = asyncio.get_running_loop()
         if fresh or loop.time() - self._read_at > SNAPSHOT_MAX_AGE_S:
             await asyncio.sleep(self._dht_read_s)

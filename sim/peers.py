@@ -254,7 +254,7 @@ class SimPeer:
 
 
 class PeerLink:
-    """`swarm.client.session.PushLink` from one client to one `SimPeer`, with their round trip.
+    """`swarm.client.link.HopLink` from one client to one `SimPeer`, with their round trip.
 
     Args:
         peer: the peer.
@@ -279,31 +279,8 @@ class PeerLink:
     def __hash__(self) -> int:
         return self._key
 
-    async def exchange(self, frame: Frame, timeout_s: float) -> tuple[Frame, int, int]:
-        """Deliver one frame; see `swarm.client.session.HopLink.exchange`."""
-        peer, loop = self._peer, asyncio.get_running_loop()
-        if self.closed or peer.state == "reset":
-            raise PeerUnreachable(f"stream to {self.peer_id} was reset")
-        if peer.state == "left":
-            return Error(ErrorCode.SHUTTING_DOWN, "peer is shutting down"), 100, 100
-        if peer.state == "frozen":
-            await asyncio.sleep(timeout_s)
-            raise PeerTimeout(f"no frame from {self.peer_id} within {timeout_s:.1f} s")
-        if isinstance(frame, Open):
-            self._sid = frame.session_id
-        now = loop.time()
-        reply, done_s = peer.handle(self._sid, self._owner, frame, now + self._rtt_s / 2)
-        fut = loop.create_future()
-        peer.track(fut)
-        loop.call_at(done_s + self._rtt_s / 2, _deliver, peer, fut, reply)
-        try:
-            reply = await asyncio.wait_for(fut, timeout_s)
-        except asyncio.TimeoutError:
-            raise PeerTimeout(f"no frame from {self.peer_id} within {timeout_s:.1f} s") from None
-        return reply, 100, 100
-
     async def send(self, frame: Frame, timeout_s: float) -> int:
-        """Send one frame (server push; see `swarm.client.session.PushLink.send`): the peer runs it
+        """Send one frame (see `swarm.client.link.HopLink.send`): the peer runs it
         half a round trip from now, and its answer (and its pushes) are scheduled."""
         peer = self._peer
         if self.closed or peer.state == "reset":
@@ -317,7 +294,7 @@ class PeerLink:
         return 100
 
     async def recv(self, timeout_s: float) -> tuple[Frame, int]:
-        """The next answer that reached the client (see `swarm.client.session.PushLink.recv`)."""
+        """The next answer that reached the client (see `swarm.client.link.HopLink.recv`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while not self._inbox:
@@ -370,10 +347,3 @@ class PeerLink:
         if not self.closed and self._sid and self._peer.alive:
             self._peer.close_session(self._sid)
         self.closed = True
-
-
-def _deliver(peer: SimPeer, fut: asyncio.Future, reply: Frame) -> None:
-    """The reply reaches the client, unless the peer froze (the client times out) or the future is
-    settled already (departed, or the client gave up)."""
-    if not fut.done() and peer.state != "frozen":
-        fut.set_result(reply)

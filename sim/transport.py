@@ -14,7 +14,7 @@ waiting, so failover backoff costs nothing to simulate. One client at a time: fo
 clients, run on `sim.vloop` instead (as `sim.run` does).
 
 This module does not: use sockets, threads, hivemind or llama.cpp. The route session it serves is
-the client's own (swarm/client/session.py).
+the client's own (swarm/client/session.py), over the client's link protocol (swarm/client/link.py).
 """
 
 from __future__ import annotations
@@ -152,7 +152,11 @@ class SpanPeer:
 
 
 class SimLink:
-    """`HopLink` to a `SpanPeer`: frames are handed over as objects; faults surface as errors."""
+    """`HopLink` to a `SpanPeer`: frames are handed over as objects; faults surface as errors.
+
+    `send` delivers the frame after the peer's round trip and keeps the answer for `recv`; a frozen
+    peer takes the frame and never answers (`recv` waits out its timeout on the virtual clock).
+    """
 
     transport = "sim"
     direct_error = ""
@@ -160,24 +164,33 @@ class SimLink:
     def __init__(self, peer: SpanPeer, clock: VirtualClock, session_id: bytes):
         self.peer_id, self._peer, self._clock, self._sid = peer.peer_id, peer, clock, session_id
         self.closed = False
+        self._answers: list[Frame] = []  # answers not read yet, oldest first
 
-    async def exchange(self, frame: Frame, timeout_s: float) -> tuple[Frame, int, int]:
-        """Deliver one frame; see `swarm.client.session.HopLink.exchange`."""
+    async def send(self, frame: Frame, timeout_s: float) -> int:
+        """Deliver one frame; see `swarm.client.link.HopLink.send`."""
         peer = self._peer
         if self.closed or peer.state == "dead":
             raise PeerUnreachable(f"stream to {peer.peer_id} was reset")
         if peer.state == "frozen":
-            await self._clock.sleep(timeout_s)
-            raise PeerTimeout(f"no frame from {peer.peer_id} within {timeout_s:.1f} s")
+            return 100  # `recv` times out
         if peer.state == "hung":  # for callers that cancel a step themselves (Ctrl-C)
             await asyncio.Event().wait()
         await self._clock.sleep(peer.rtt_ms / 1000.0)
         if isinstance(frame, Open):
             self._sid = frame.session_id
-        reply = peer.handle(self._sid, frame)
+        self._answers.append(peer.handle(self._sid, frame))
         if isinstance(frame, Forward):
             peer.after_forward()
-        return reply, 100, 100
+        return 100
+
+    async def recv(self, timeout_s: float) -> tuple[Frame, int]:
+        """The peer's next answer; see `swarm.client.link.HopLink.recv`."""
+        if self._answers:
+            return self._answers.pop(0), 100
+        if self.closed or self._peer.state == "dead":
+            raise PeerUnreachable(f"stream to {self.peer_id} was reset")
+        await self._clock.sleep(timeout_s)
+        raise PeerTimeout(f"no frame from {self.peer_id} within {timeout_s:.1f} s")
 
     async def close(self) -> None:
         """Close the session on the peer; a frozen one reads the Close when it thaws."""

@@ -23,7 +23,7 @@ from swarm.api.health import HealthMonitor
 from swarm.api.metrics import ApiMetrics
 from swarm.api.service import ModelService
 from swarm.client.api import Client
-from swarm.client.remote import SwarmConnection
+from swarm.client.connection import SwarmConnection
 from swarm.client.status import model_manifest
 from swarm.errors import AddressError
 from swarm.manifest import build_manifest

@@ -1,11 +1,19 @@
 """The client side of swarm.
 
-api.py        `Client`: generate / stream / chat on the swarm or locally
-generate.py   the generation loop shared by both backends: limits, deltas, stop, telemetry
-local.py      whole-model llama.cpp engine (local=True)
-session.py    one generation's route: sticky hops, failover by replay (transport and clock injected)
-remote.py     the swarm engine: DHT directory, libp2p links, the loop thread
-tokenizer.py  llama.cpp vocabulary and the GGUF chat template
-text.py       UTF-8-safe streaming deltas and stop strings
-telemetry.py  Generation Telemetry records
+api.py         `Client`: generate / stream / chat on the swarm or locally
+generate.py    the generation loop shared by both backends: limits, deltas, stop, telemetry
+local.py       whole-model llama.cpp engine (local=True)
+session.py     one generation's route: sticky hops, push chaining, failover by replay (links, clock injected)
+link.py        the link protocol a route session drives (send / recv), its directory, Error frames as exceptions
+remote.py      the swarm engine (a RouteSession per generation) and `connect_swarm` (joining for a model)
+loop.py        the client's asyncio loop in a background thread, for synchronous callers
+connection.py  the client's DHT node (client mode) on that loop
+directory.py   `DHTDirectory`: the model's announcements from the DHT, RTTs by ping
+streams.py     `P2PTransport`, `P2PLink`: span streams to peers, direct TCP or libp2p
+status.py      `swarm status`: the swarm's peers and coverage of a model
+tokenizer.py   llama.cpp vocabulary and the GGUF chat template
+text.py        UTF-8-safe streaming deltas and stop strings
+telemetry.py   Generation Telemetry records
+
+No module here imports swarm.peer; the route session's decisions are pure functions in swarm.route.
 """

@@ -23,9 +23,13 @@ hop fails mid-step, the client replaces it as above and finishes the step by rel
 steps the client gave up on are recognised by their step number and skipped.
 
 Everything that does I/O or reads time is passed in: the `PeerDirectory` (announced spans and RTT
-probes), the `HopTransport` (links to peers), the clock, the sleep and the RNG. The client runs it
-over libp2p streams (swarm/client/remote.py); the simulator (sim/) runs it over simulated peers;
-unit tests run it over scripted peers. The policy numbers live in swarm/route/failover.py.
+probes), the `HopTransport` (links to peers, swarm/client/link.py), the clock, the sleep and the
+RNG. A link only sends and receives frames; relaying a step is a send and the receive of its answer,
+here, for every kind of link. The client runs it over libp2p and direct streams
+(swarm/client/streams.py); the simulator (sim/) runs it over simulated peers; unit tests run it over
+scripted peers. The decisions are pure functions in swarm/route/: the policy numbers, timeouts and
+failure reasons (failover.py), the open/retry ladder (ladder.py), where new hops start and what they
+replay (restore.py, replay.py).
 
 Prefix snapshots: `open(prefixes=...)` offers the prompt's prefix hashes (swarm/kv/prefix.py) to
 every hop; the route starts at the largest length every hop can restore (`restored_tokens`), and
@@ -34,91 +38,31 @@ only the rows after the longest prefix it can restore at or after the failed hop
 row; when it can restore none of them (the failed hop's rows before that were never recorded), the
 whole route is re-opened and replayed from the prompt's embedded rows (`prefix_rows`).
 
-This module does not: read the DHT, encode frames to bytes, embed tokens or sample.
+This module does not: read the DHT, encode frames to bytes, embed tokens or sample. It is one
+concern (one generation's route and its failover) and the client's largest module for that reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
+from swarm.client.link import HopLink, HopTransport, PeerDirectory, error_of
 from swarm.client.telemetry import FailoverEvent, GenerationTelemetry, HopTelemetry
-from swarm.kv.prefix import choose_restore
-from swarm.errors import (
-    Busy,
-    NoRoute,
-    PeerTimeout,
-    PeerUnreachable,
-    ProtocolError,
-    SessionTooLong,
-    ShuttingDown,
-    SwarmError,
+from swarm.errors import NoRoute, ProtocolError, SessionTooLong, SwarmError
+from swarm.route.failover import (
+    Exclusions, FailoverPolicy, FailureReason, backoff_s, failure_reason, step_timeout_s,
 )
-from swarm.route.failover import Exclusions, FailoverPolicy, backoff_s, step_timeout_s
+from swarm.route.ladder import NoRouteAction, after_no_route, plan_fresh
 from swarm.route.plan import Hop, PeerSpan, layer_ranges, plan_route
 from swarm.route.replay import clip_steps, replay_frames, split_steps
+from swarm.route.restore import CannotRestore, rebuild_rows, restore_point
 from swarm.sampling import SamplingParams
-from swarm.wire import (
-    MAX_CHAIN_ADDRS, MAX_FORWARD_STEPS, Chain, Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token,
-)
-
-
-class HopLink(Protocol):
-    """A sticky stream to one peer for one session."""
-
-    peer_id: str
-    transport: str
-    """How the frames travel: "direct" (swarm.direct), "libp2p", or "sim"."""
-    direct_error: str
-    """Why a direct stream was not used when the peer offers one ("" when it was, or none offered)."""
-
-    async def exchange(self, frame: Frame, timeout_s: float) -> tuple[Frame, int, int]:
-        """Send `frame`, return the peer's reply with the bytes sent and received.
-
-        Raises:
-            PeerTimeout: no reply within timeout_s.
-            PeerUnreachable: the stream is closed or broke.
-            ProtocolError: the reply is malformed.
-        """
-
-    async def close(self) -> None:
-        """Tell the peer the session is over (best effort) and close the stream; never raises."""
-
-
-class PushLink(HopLink, Protocol):
-    """A `HopLink` whose two directions can be used apart (server push: the client reads answers to
-    frames it did not send)."""
-
-    async def send(self, frame: Frame, timeout_s: float) -> int:
-        """Send `frame`; return its bytes. Raises PeerTimeout or PeerUnreachable."""
-
-    async def recv(self, timeout_s: float) -> tuple[Frame, int]:
-        """The next frame from the peer and its bytes. Raises PeerTimeout, PeerUnreachable or
-        ProtocolError."""
-
-
-class HopTransport(Protocol):
-    """Opens links to peers."""
-
-    async def connect(self, peer_id: str, timeout_s: float) -> HopLink:
-        """Open a link to `peer_id`. Raises PeerUnreachable or PeerTimeout."""
-
-
-class PeerDirectory(Protocol):
-    """The model's announced spans as this client sees them."""
-
-    async def peers(self, skip_probe: frozenset[str], fresh: bool) -> list[PeerSpan]:
-        """Live announced spans with RTTs; peers not measured yet (and not in `skip_probe`) are
-        probed first, and one that does not answer has `rtt_ms` = inf. `fresh`: read the DHT now;
-        else the directory may answer from its last read (seconds old) and save a DHT round."""
-
-    async def probe(self, peer_ids: Collection[str]) -> set[str]:
-        """Probe these peers afresh; return the ones that answered."""
+from swarm.wire import MAX_CHAIN_ADDRS, MAX_FORWARD_STEPS, Chain, Error, Forward, Frame, Hidden, Open, OpenOk, Token
 
 
 @dataclass(frozen=True)
@@ -163,43 +107,12 @@ class _Hop:
         return self.span.peer_id
 
 
-class _CannotRestore(Exception):
-    """Internal: replacement hops cannot restore the prefix a failed hop's recorded rows start after."""
-
-
 class _HopFailed(Exception):
     """Internal: `hop` failed with the user-facing `error`."""
 
     def __init__(self, span: PeerSpan, error: SwarmError):
         super().__init__(str(error))
         self.span, self.error = span, error
-
-
-def failure_reason(error: SwarmError) -> str:
-    """A short reason code for a hop failure, for exclusions and telemetry."""
-    if isinstance(error, PeerTimeout):
-        return "timeout"
-    if isinstance(error, PeerUnreachable):
-        return "unreachable"
-    if isinstance(error, ShuttingDown):
-        return "shutting_down"
-    if isinstance(error, Busy):
-        return "busy"
-    if isinstance(error, ProtocolError):
-        return "malformed"
-    return "error"
-
-
-def error_of(peer_id: str, err: Error) -> SwarmError:
-    """The exception for an `Error` frame from `peer_id`."""
-    message = f"peer {peer_id[:12]}…: {err.message}"
-    kinds = {
-        ErrorCode.BUSY: Busy,
-        ErrorCode.SHUTTING_DOWN: ShuttingDown,
-        ErrorCode.NOT_FOUND: PeerUnreachable,
-        ErrorCode.PROTOCOL: ProtocolError,
-    }
-    return kinds.get(err.code, SwarmError)(message)
 
 
 class RouteSession:
@@ -216,7 +129,7 @@ class RouteSession:
         sleep: awaitable sleep, seconds (backoff).
         rng: jitter and session ids.
         push_addrs: peer id → (multiaddrs, direct endpoints) to give the previous hop: chain the
-            route for server push (the transport's links must be `PushLink`s); None: relay only.
+            route for server push; None: relay only.
     All methods run on one event loop; one call at a time.
     """
 
@@ -359,16 +272,9 @@ class RouteSession:
         )
 
     async def _exchange(self, hop: _Hop, frame: Frame, timeout_s: float) -> Frame:
-        """Send `frame` to the hop and return its answer (an Error raises _HopFailed)."""
+        """Send `frame` to the hop and return its answer (an Error raises _HopFailed): relaying is
+        a send and the receive of the matching answer, over the one link protocol."""
         t0 = self._now()
-        if self._push_addrs is None:
-            try:
-                reply, sent, received = await hop.link.exchange(frame, timeout_s)
-            except SwarmError as e:
-                raise _HopFailed(hop.span, e) from e
-            hop.telemetry.bytes_sent += sent
-            hop.telemetry.bytes_received += received
-            return self._account(hop, reply, t0)
         try:
             hop.telemetry.bytes_sent += await hop.link.send(frame, timeout_s)
         except SwarmError as e:
@@ -446,7 +352,7 @@ class RouteSession:
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
         rows = clip_steps(hop.inputs, 0, self.pos - hop.base) if hop.inputs else None
-        event = FailoverEvent(hop.peer_id, hop.span.start, hop.span.end, reason, str(error), self.pos)
+        event = FailoverEvent(hop.peer_id, hop.span.start, hop.span.end, reason.value, str(error), self.pos)
         self.telemetry.failovers.append(event)
         # The snapshot this generation planned from is seconds old and already lists the failed hop's
         # peers of the same span: re-plan from it, and read the DHT only if it has no replacement.
@@ -454,7 +360,7 @@ class RouteSession:
         try:
             new = await self._open_stretch(hop.span.start, hop.span.end, rows, fresh=False, base=hop.base)
             self._hops[i : i + 1] = new
-        except (_CannotRestore, NoRoute):
+        except (CannotRestore, NoRoute):
             # NoRoute: no chain of live spans joins exactly the failed hop's boundaries, though a
             # whole new route may (other peers' spans start or end elsewhere).
             if len(self._hops) == 1:
@@ -474,11 +380,8 @@ class RouteSession:
         """Close every hop and open a new route over all layers, replayed from the first hop's rows
         (the restored prompt prefix it never computed, in prefill chunks, then its recorded steps)."""
         first = self._hops[0]
-        chunk = self.policy.replay_chunk_tokens
         prefix = self._prefix_rows(first.base) if first.base else None
-        rows = [] if prefix is None else [prefix[i : i + chunk] for i in range(0, first.base, chunk)]
-        rows += clip_steps(first.inputs, 0, self.pos - first.base)
-        rows = rows or None
+        rows = rebuild_rows(prefix, first.inputs, self.pos - first.base, self.policy.replay_chunk_tokens)
         for h in self._hops:
             h.inputs.clear()
             if h.link in self._links:  # the failed hop's link is already closing beside the failover
@@ -489,36 +392,34 @@ class RouteSession:
         self, start: int, end: int, rows: list[np.ndarray] | None, fresh: bool, base: int = 0
     ) -> list[_Hop]:
         """Open hops chaining layers [start, end) and replay `rows` (recorded steps, one block each,
-        positions base..) through them, after the longest prefix all of them can restore (see
-        `_restore_point`).
+        positions base..) through them, after the longest prefix all of them can restore
+        (swarm/route/restore.py).
         `fresh`: plan the first attempt from a new DHT read (later attempts always read anew). Up to
         max_open_attempts plans, with backoff between them; the last NoRoute is raised as it is.
         Raises:
-            _CannotRestore: base > 0 and the new hops cannot restore a prefix of at least `base`."""
+            CannotRestore: base > 0 and the new hops cannot restore a prefix of at least `base`."""
         last_error: SwarmError | None = None
         for attempt in range(self.policy.max_open_attempts):
             await self._sleep(backoff_s(attempt, self.policy, self._rng))
             try:
-                hops, spans = await self._plan(start, end, fresh=fresh or attempt > 0)
+                hops, spans = await self._plan(start, end, fresh=plan_fresh(attempt, fresh))
             except NoRoute as e:
-                too_long = isinstance(e, SessionTooLong)
-                if too_long and fresh:
-                    raise  # opening: no peer takes a session this long, however often we ask
-                # A DHT read right after a peer froze or restarted can miss live records for a moment.
-                if attempt + 1 == self.policy.max_open_attempts:
-                    if too_long:  # mid-generation: the peers that could hold the session are gone
-                        raise NoRoute(
-                            f"no live peer left for layers {layer_ranges(e.missing)} can hold this "
-                            f"session: it needs {e.need_tokens} KV tokens, they take at most {e.most_tokens}",
-                            e.missing,
-                        ) from e
-                    raise
-                continue
+                action = after_no_route(attempt, self.policy, opening=fresh, too_long=isinstance(e, SessionTooLong))
+                if action is NoRouteAction.RETRY:
+                    continue
+                if action is NoRouteAction.RAISE_GONE:
+                    raise NoRoute(
+                        f"no live peer left for layers {layer_ranges(e.missing)} can hold this "
+                        f"session: it needs {e.need_tokens} KV tokens, they take at most {e.most_tokens}",
+                        e.missing,
+                    ) from e
+                raise
             opened: list[_Hop] = []
             try:
                 for h in hops:
                     opened.append(await self._open_hop(h, spans[h.peer_id]))
-                restore = self._restore_point(opened, base)
+                restore = restore_point([h.restorable for h in opened], base, self.pos,
+                                        self._offers[-1][0] if self._offers else None)
                 for h in opened:
                     h.base = h.pending_restore = restore
                     h.telemetry.reused_tokens = restore
@@ -527,7 +428,7 @@ class RouteSession:
                 elif restore < self.pos:
                     await self._replay(opened, clip_steps(rows, restore - base), restore)
                 return opened
-            except _CannotRestore:
+            except CannotRestore:
                 for h in opened:
                     await self._drop(h.link)
                 raise
@@ -561,11 +462,7 @@ class RouteSession:
                     pass
             # A probe proves only that a peer is alive again: it clears liveness failures, not a
             # peer that answered garbage or said it is busy.
-            suspects = {
-                p
-                for p in self._exclusions.active(self._now())
-                if self._exclusions.reason(p) in ("timeout", "unreachable")
-            }
+            suspects = self._exclusions.liveness_suspects(self._now())
             if not suspects:
                 return self._plan_over(list(seen.values()), start, end)
             self._exclusions.forgive(await self._directory.probe(suspects))
@@ -577,32 +474,12 @@ class RouteSession:
         now = self._now()
         for s in spans:
             if s.rtt_ms == float("inf"):
-                self._exclusions.add(s.peer_id, "unreachable", now, s.incarnation)
+                self._exclusions.add(s.peer_id, FailureReason.UNREACHABLE, now, s.incarnation)
         exclude = self._exclusions.active(now, {s.peer_id: s.incarnation for s in spans})
         plan = plan_route(
             spans, self.spec.n_layers, self.spec.n_tokens, start=start, end=end, exclude=exclude
         )
         return plan.hops, {s.peer_id: s for s in spans}
-
-    def _restore_point(self, hops: list[_Hop], base: int) -> int:
-        """The prefix new hops start from: the largest length all of them can restore in
-        [base, pos] (below the whole prompt), else 0 when base is 0.
-
-        Raises:
-            _CannotRestore: base > 0 and no such length (rows before `base` were never recorded).
-        """
-        if not self._offers:
-            if base:
-                raise _CannotRestore()
-            return 0
-        usable = [
-            frozenset(n for n in h.restorable if base <= n <= self.pos or (base == 0 and self.pos == 0))
-            for h in hops
-        ]
-        restore = choose_restore(usable, below=self._offers[-1][0])
-        if base and restore < base:
-            raise _CannotRestore()
-        return restore
 
     async def _open_hop(self, h: Hop, span: PeerSpan) -> _Hop:
         spec = self.spec

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from swarm.artifacts.distribute import find_manifest
-from swarm.client.remote import SwarmConnection
+from swarm.client.connection import SwarmConnection
 from swarm.dht.records import Announcement
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model

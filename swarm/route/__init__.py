@@ -8,8 +8,12 @@ Files:
     placement.py: pure — which span a peer should serve (on a complete chain, fits its memory, most
         added flow) and whether a serving peer should move (`MIN_GAIN` hysteresis).
     snapshot.py: pure — DHT announcements → the planner's `PeerSpan` snapshot.
-    failover.py: pure — step timeouts, retry backoff, and which failed peers to avoid for how long.
-    replay.py: pure — a failed hop's recorded steps as replay frames, never regrouping a step.
+    replay.py: pure — a failed hop's recorded steps into replay frames, never regrouping a step.
+    failover.py: pure — step timeouts, retry backoff, failure reasons, and which failed peers to
+        avoid for how long.
+    ladder.py: pure — the open/retry ladder of a route session: when a plan reads the DHT anew and
+        whether a NoRoute is retried or ends it.
+    restore.py: pure — the prefix length newly opened hops start from, and what a rebuilt route replays.
 
 Nothing here awaits, reads a clock, or imports swarm.dht; client/ and peer/ gather the snapshot and act.
 """

@@ -11,6 +11,8 @@ and every branch is unit-tested without peers.
   that the clients of a peer that just died do not stampede its replacement together.
 - `Exclusions`: peers that just failed are avoided for `exclusion_s` (about a minute), or until
   they come back as a new incarnation (a restarted peer announces a new `started_at`).
+- `FailureReason`, `failure_reason`: why a hop failed, one code per kind of `SwarmError`, for
+  exclusions and telemetry.
 
 This module does not: sleep, read a clock, open streams or read the DHT.
 """
@@ -21,7 +23,9 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
+from swarm.errors import Busy, PeerTimeout, PeerUnreachable, ProtocolError, ShuttingDown, SwarmError
 from swarm.route.plan import PeerSpan
 
 
@@ -84,17 +88,49 @@ def step_timeout_s(span: PeerSpan, n_tokens: int, policy: FailoverPolicy, steps:
     return policy.step_timeout_floor_s + policy.step_timeout_slack * (compute + rtt_s)
 
 
+class FailureReason(StrEnum):
+    """Why a hop failed; the value is the code telemetry and the simulator's reports show."""
+
+    TIMEOUT = "timeout"
+    UNREACHABLE = "unreachable"
+    SHUTTING_DOWN = "shutting_down"
+    BUSY = "busy"
+    MALFORMED = "malformed"
+    ERROR = "error"
+
+    @property
+    def liveness(self) -> bool:
+        """The peer seemed gone (no answer, no stream): a fresh probe that it answers clears this;
+        a peer that answered garbage or said it is busy is not cleared by a probe."""
+        return self in (FailureReason.TIMEOUT, FailureReason.UNREACHABLE)
+
+
+def failure_reason(error: SwarmError) -> FailureReason:
+    """The reason code of a hop failure (the most specific `SwarmError` subclass first)."""
+    if isinstance(error, PeerTimeout):
+        return FailureReason.TIMEOUT
+    if isinstance(error, PeerUnreachable):
+        return FailureReason.UNREACHABLE
+    if isinstance(error, ShuttingDown):
+        return FailureReason.SHUTTING_DOWN
+    if isinstance(error, Busy):
+        return FailureReason.BUSY
+    if isinstance(error, ProtocolError):
+        return FailureReason.MALFORMED
+    return FailureReason.ERROR
+
+
 @dataclass(frozen=True)
 class Exclusion:
     """Why and until when one peer is avoided.
 
     Attributes:
-        reason: the failure ("timeout", "unreachable", "busy", "shutting_down", "malformed", "error").
+        reason: the failure.
         until_s: the exclusion ends at this time (caller's clock, seconds).
         incarnation: the `started_at` of the announcement that failed; another value is a restart.
     """
 
-    reason: str
+    reason: FailureReason
     until_s: float
     incarnation: float
 
@@ -110,9 +146,9 @@ class Exclusions:
         self.exclusion_s = exclusion_s
         self._by_peer: dict[str, Exclusion] = {}
 
-    def add(self, peer_id: str, reason: str, now_s: float, incarnation: float) -> None:
+    def add(self, peer_id: str, reason: FailureReason, now_s: float, incarnation: float) -> None:
         """Avoid `peer_id` from `now_s` for `exclusion_s` seconds (a later failure extends it)."""
-        self._by_peer[peer_id] = Exclusion(reason, now_s + self.exclusion_s, incarnation)
+        self._by_peer[peer_id] = Exclusion(FailureReason(reason), now_s + self.exclusion_s, incarnation)
 
     def forgive(self, peer_ids: Iterable[str]) -> None:
         """Stop avoiding these peers (they answered a probe)."""
@@ -133,7 +169,12 @@ class Exclusions:
                 del self._by_peer[peer_id]
         return frozenset(self._by_peer)
 
-    def reason(self, peer_id: str) -> str | None:
+    def reason(self, peer_id: str) -> FailureReason | None:
         """Why `peer_id` is excluded, or None."""
         ex = self._by_peer.get(peer_id)
         return ex.reason if ex else None
+
+    def liveness_suspects(self, now_s: float) -> set[str]:
+        """Peers excluded at `now_s` for not answering (`FailureReason.liveness`): the ones a fresh
+        probe may clear."""
+        return {p for p in self.active(now_s) if self._by_peer[p].reason.liveness}

@@ -9,7 +9,7 @@ from typing import Callable, TypeVar
 import llama_cpp
 import pytest
 
-from swarm.client.remote import LoopThread
+from swarm.client.loop import LoopThread
 from swarm.dht.node import SwarmDHT
 from swarm.localswarm import PeerProcess, PeerSet, descendants, signal_tree, start_peer
 from swarm.p2p import PeerUnreachable, StreamSession

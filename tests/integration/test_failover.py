@@ -16,7 +16,8 @@ import signal
 import pytest
 
 from swarm import Client
-from swarm.client.remote import SwarmConnection, connect_swarm
+from swarm.client.connection import SwarmConnection
+from swarm.client.remote import connect_swarm
 from swarm.client.telemetry import GenerationTelemetry
 from swarm.sampling import SamplingParams
 from swarm.manifest import build_manifest

@@ -15,7 +15,7 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from swarm import Client
-from swarm.client.remote import SwarmConnection
+from swarm.client.connection import SwarmConnection
 from swarm.dht.records import Announcement, announcements_key
 from swarm.dht.validation import is_announcement_subkey, owner_public_key
 from swarm.manifest import build_manifest

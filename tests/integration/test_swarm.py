@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from swarm import Client
-from swarm.client.remote import DHTDirectory
+from swarm.client.directory import DHTDirectory
 
 from peerproc import PeerSet, oracle, serve_args
 

@@ -1,0 +1,106 @@
+"""The `PeerDirectory` of the swarm client: the model's announcements from the DHT, RTTs by ping.
+
+A route session (swarm/client/session.py) asks it for the announced spans to plan over and to probe
+peers it excluded for not answering; the simulator's `sim.clients.ClientSite` plays the same part.
+
+This module does not: plan routes, exclude peers or open span streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Collection
+
+from swarm.dht.node import SwarmDHT, get_dht_time
+from swarm.dht.records import Announcement
+from swarm.errors import SwarmError
+from swarm.route.plan import PeerSpan
+from swarm.route.snapshot import peer_spans
+
+DHT_READ_TIMEOUT_S = 30.0
+"""Reading the model's announcements from the DHT gives up after this long."""
+SNAPSHOT_MAX_AGE_S = 60.0
+"""A failover may re-plan from a DHT read up to this old before reading anew."""
+
+
+class DHTDirectory:
+    """`PeerDirectory` over the DHT: the model's announcements, with RTTs measured by ping.
+
+    Successful RTTs are kept for the engine's life (a peer's RTT changes little); a failed probe is
+    not kept, so the session excludes the peer for a while and it is probed again afterwards.
+
+    Attributes:
+        rtt_ms: peer id -> measured round trip, ms.
+    """
+
+    def __init__(self, dht: SwarmDHT, model_id: str, probe_timeout_s: float):
+        self._dht, self._model_id, self._probe_timeout_s = dht, model_id, probe_timeout_s
+        self.rtt_ms: dict[str, float] = {}
+        self._addrs: dict[str, tuple[str, ...]] = {}
+        self._direct: dict[str, tuple[str, ...]] = {}
+        self._announced: list[Announcement] = []
+        self._read_at = -math.inf
+
+    def addrs(self, peer_id: str) -> tuple[str, ...]:
+        """The multiaddrs `peer_id` announced last (empty if never seen)."""
+        return self._addrs.get(peer_id, ())
+
+    def direct_addrs(self, peer_id: str) -> tuple[str, ...]:
+        """The direct-stream endpoints `peer_id` announced last (empty: none, or never seen)."""
+        return self._direct.get(peer_id, ())
+
+    async def peers(self, skip_probe: frozenset[str], fresh: bool) -> list[PeerSpan]:
+        """Announced spans of the model; unmeasured peers outside `skip_probe` are pinged first.
+
+        Args:
+            skip_probe: peers not to ping now (excluded ones).
+            fresh: read the DHT now; else reuse the last read if it is under SNAPSHOT_MAX_AGE_S old
+                (a failover re-plan: a DHT read can wait seconds on a frozen DHT node).
+        Raises:
+            SwarmError: the DHT did not answer within DHT_READ_TIMEOUT_S.
+        """
+        if fresh or time.monotonic() - self._read_at > SNAPSHOT_MAX_AGE_S:
+            try:
+                async with asyncio.timeout(DHT_READ_TIMEOUT_S):
+                    read = await self._dht.get_announcements(self._model_id)
+            except TimeoutError:
+                raise SwarmError(f"the DHT did not answer within {DHT_READ_TIMEOUT_S:.0f} s") from None
+            # A read can miss live records (a frozen DHT node delays stores and answers): a record
+            # seen before stays until its own expiry; a dead peer in it fails to dial and is excluded.
+            now, ids = get_dht_time(), {a.peer_id for a in read}
+            self._announced = read + [
+                a for a in self._announced if a.peer_id not in ids and a.expires_at > now
+            ]
+            self._read_at = time.monotonic()
+        announced = self._announced
+        self._addrs.update((a.peer_id, a.addrs) for a in announced)
+        self._direct.update((a.peer_id, a.direct_addrs) for a in announced)
+        unmeasured = [
+            a.peer_id for a in announced if a.peer_id not in self.rtt_ms and a.peer_id not in skip_probe
+        ]
+        answered = await self.probe(unmeasured)
+        failed = {p: math.inf for p in unmeasured if p not in answered}
+        return peer_spans(announced, {**self.rtt_ms, **failed})
+
+    async def probe(self, peer_ids: Collection[str]) -> set[str]:
+        """Ping these peers in parallel; keep the RTTs of the ones that answered and return them."""
+
+        async def ping(peer_id: str) -> str | None:
+            try:
+                self.rtt_ms[peer_id] = await self._dht.transport.ping(
+                    peer_id, self.addrs(peer_id), timeout_s=self._probe_timeout_s
+                )
+                return peer_id
+            except SwarmError:
+                self.rtt_ms.pop(peer_id, None)
+                return None
+
+        for peer_id in peer_ids:  # an RTT counts only if measured by this probe
+            self.rtt_ms.pop(peer_id, None)
+        try:
+            async with asyncio.timeout(self._probe_timeout_s * 3):  # dialling has no timeout of its own
+                return {p for p in await asyncio.gather(*(ping(p) for p in peer_ids)) if p}
+        except TimeoutError:
+            return {p for p in peer_ids if p in self.rtt_ms}

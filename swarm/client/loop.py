@@ -1,0 +1,56 @@
+"""The client's asyncio loop in a background thread, for synchronous callers.
+
+The DHT node and every stream of a client live on one asyncio loop (one loop per process); the
+public engine methods are synchronous, as the generation loop expects, and wait on it with `run`.
+
+This module does not: know about the DHT, peers or frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+
+from swarm import eventloop
+from swarm.errors import SwarmError
+
+
+class LoopThread:
+    """An asyncio loop in a daemon thread; `run(coro)` executes a coroutine there and waits."""
+
+    def __init__(self):
+        self.loop = eventloop.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="swarm-client-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coro, timeout_s: float | None = None):
+        """Run `coro` on the loop thread and return its result (or raise its exception).
+
+        If the wait ends early (timeout, Ctrl-C in the caller), the coroutine is cancelled.
+        Raises:
+            SwarmError: the coroutine did not finish within timeout_s.
+        """
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise SwarmError(f"no answer from the swarm within {timeout_s:.0f} s") from None
+        except BaseException:
+            fut.cancel()
+            raise
+
+    def submit(self, coro) -> None:
+        """Start `coro` on the loop without waiting (for cleanup called from the loop thread itself)."""
+        asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    @property
+    def on_loop_thread(self) -> bool:
+        """True when called from the loop's own thread (where `run` would deadlock)."""
+        return threading.current_thread() is self._thread
+
+    def stop(self) -> None:
+        """Stop the loop and join the thread."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
