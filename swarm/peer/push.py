@@ -23,7 +23,7 @@ import numpy as np
 
 from swarm.errors import PeerUnreachable, ProtocolError, RequestError, SwarmError
 from swarm.p2p import StreamSession
-from swarm.peer.rules import accepts_pushed
+from swarm.peer.rules import accepts_pushed, chain_refusal
 from swarm.wire import Attach, Chain, Error, ErrorCode, Forward, OpenOk, decode_frame, encode_frame
 
 logger = logging.getLogger(__name__)
@@ -74,8 +74,9 @@ class PushState:
         Raises:
             RequestError: a next hop named for the last span.
         """
-        if frame.next_peer and is_last:
-            raise RequestError("the last span samples: it pushes to no next hop")
+        why = chain_refusal(frame.next_peer, is_last)
+        if why is not None:
+            raise RequestError(why)
         await self.end()
         self.waited = False
         if frame.next_peer and dial is not None:  # a peer that cannot dial answers `pushed` false

@@ -88,6 +88,12 @@ def rewinds(pos0: int, rewind: bool, session_pos: int) -> bool:
     return rewind and pos0 < session_pos
 
 
+def chain_refusal(next_peer: str, is_last: bool) -> str | None:
+    """Why a `Chain` naming `next_peer` ("" for none) is refused whatever the peer, or None: the
+    last span samples, so it has no next hop to push to."""
+    return "the last span samples: it pushes to no next hop" if next_peer and is_last else None
+
+
 def forward_size_refusal(n_tokens: int) -> str | None:
     """Why a Forward of `n_tokens` rows is refused whatever the session (too many rows), or None."""
     if n_tokens > MAX_FORWARD_TOKENS:
