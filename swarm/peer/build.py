@@ -3,10 +3,11 @@ measured `Span` the server serves; and moving that span later (`Mover`).
 
 The order: a local model file (seeded whole) or a model_id (only the span's bytes fetched from the
 swarm) → manifest → the layers (`--layers`, checked and warned about when they cannot chain, or
-`swarm.route.placement.choose_span` sized by the peer's memory) → executor → `Span.start`, which
+`swarm.route.placement.choose_span` sized by the peer's memory) → executor → `Span.open`, which
 finds the batch cap and measures the span's throughput.
 
-This module does not: serve streams or announce (swarm/peer/server.py wires those).
+This module does not: serve streams or publish the announcement (swarm/peer/server.py wires those;
+`Mover` only asks the announcer it is given to announce a moved span at once).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ async def open_span(cfg: ServeConfig, dht: SwarmDHT, artifacts: ArtifactSession,
     sessions = SessionTable(cfg.max_sessions, executor.n_ctx_tokens, idle_timeout_s=600.0,
                             session_cap_tokens=executor.n_ctx_seq_tokens)
     prefixes = _prefix_service(cfg, dht, manifest, start, end) if cfg.prefix_cache_bytes > 0 else None
-    span = await Span.start(manifest.model_id, start, end, executor, sessions, prefixes=prefixes,
+    span = await Span.open(manifest.model_id, start, end, executor, sessions, prefixes=prefixes,
                             inline_max_ms=cfg.inline_max_ms, measure=measure_throughput)
     logger.info(
         "span [%d, %d): %.1f decode steps/s, %.0f prefill tokens/s",

@@ -42,7 +42,7 @@ MeasureFn = Callable[[SpanExecutor], Throughput]
 
 
 class Span:
-    """One served span of one model (see the module docstring). Build it with `Span.start`.
+    """One served span of one model (see the module docstring). Build it with `Span.open`.
 
     Attributes:
         model_id: the model served.
@@ -75,7 +75,7 @@ class Span:
         self._measure = measure
 
     @classmethod
-    async def start(cls, model_id: str, start: int, end: int, executor: SpanExecutor, sessions: SessionTable,
+    async def open(cls, model_id: str, start: int, end: int, executor: SpanExecutor, sessions: SessionTable,
                     *, prefixes: PrefixService | None, inline_max_ms: float, measure: MeasureFn) -> Span:
         """A span ready to serve: its batch cap found and its throughput measured on `executor`."""
         span = cls(model_id, start, end, executor, sessions, prefixes=prefixes, inline_max_ms=inline_max_ms,
