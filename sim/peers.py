@@ -4,7 +4,9 @@ A `SimPeer` is one volunteer: a memory budget, a layer rate (decode steps/s × l
 speed), a point on the globe, and, while it serves, a span [start, end) with a real
 `swarm.kv.sessions.SessionTable` (admission by slots and KV tokens) and a real
 `swarm.peer.rebalance.Drain` (refuses new sessions with BUSY while it drains to move). It answers
-the frames of `swarm.wire` as `swarm.peer.handler` does, computing the stand-in of `sim.compute`.
+the frames of `swarm.wire` as `swarm.peer.handler` does, by the same rules (`swarm.peer.rules`: the
+order of Open refusals, rewinds, which pushed step runs, the announced record), computing the
+stand-in of `sim.compute`.
 
 Time: a frame reaches the peer half a round trip after it is sent; its compute (rows / prefill
 tokens/s for a prefill chunk, 1 / decode steps/s for one token) starts when the peer has finished
@@ -41,12 +43,13 @@ from sim.geo import rtt_ms
 from swarm.errors import Busy, PeerTimeout, PeerUnreachable, RequestError
 from swarm.kv.budget import SpanBudget
 from swarm.kv.sessions import SessionTable
+from swarm.peer import rules
 from swarm.peer.rebalance import Drain
 from swarm.route.plan import PeerSpan
 from swarm.wire import Chain, Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token
 
 IDLE_TIMEOUT_S = 600.0
-"""A session unused this long is evicted (as `swarm.peer.handler.SpanRuntime.idle_timeout_s`)."""
+"""A session unused this long is evicted (as `swarm.peer.handler.PeerStreams.idle_timeout_s`)."""
 ALIVE = ("loading", "serving", "moving")
 """States of a peer that answers: loading its first span, serving one, or moving to another."""
 
@@ -108,22 +111,12 @@ class SimPeer:
         return self.state in ALIVE
 
     def record(self) -> PeerSpan:
-        """Its announcement now: span, measured speed, free room (none while draining)."""
-        n = self.end - self.start
-        steps = self.profile.layer_steps_per_s / n
-        table = self.table
-        free = 0 if table is None or self.drain.active else table.sessions_free
-        return PeerSpan(
-            self.peer_id,
-            self.start,
-            self.end,
-            steps,
-            steps * self.profile.prefill_factor,
-            table.free_cache_tokens if table is not None else 0,
-            free,
-            None,
-            self.incarnation,
-        )
+        """Its announcement now (`swarm.peer.rules.span_record`): span, measured speed, free room
+        (none while draining)."""
+        steps = self.profile.layer_steps_per_s / (self.end - self.start)
+        speed = rules.Throughput(steps, steps * self.profile.prefill_factor)
+        return rules.span_record(self.peer_id, self.start, self.end, speed, self.table,
+                                 draining=bool(self.drain.active), started_at=self.incarnation)
 
     def load(self, start: int, end: int) -> None:
         """Start serving [start, end) with an empty session table."""
@@ -143,7 +136,7 @@ class SimPeer:
             if fut.done():
                 continue
             if how == "leave":
-                fut.set_result(Error(ErrorCode.SHUTTING_DOWN, "peer is shutting down"))
+                fut.set_result(Error(ErrorCode.SHUTTING_DOWN, rules.SHUTTING_DOWN_MESSAGE))
             elif how == "reset":
                 fut.set_exception(PeerUnreachable(f"stream to {self.peer_id} was reset"))
         self._inflight.clear()
@@ -166,9 +159,15 @@ class SimPeer:
         try:
             slot = table.get(sid, owner)
             if isinstance(frame, Chain):
+                why = rules.chain_refusal(frame.next_peer, self.end == self.profile.budget.n_layers)
+                if why is not None:
+                    raise RequestError(why)
                 self._chains[sid] = frame
                 return OpenOk(slot.reserved_tokens), arrive_s
-            if frame.rewind and frame.pos0 < slot.pos:
+            why = rules.forward_size_refusal(frame.n_tokens)
+            if why is not None:
+                raise RequestError(why)
+            if rules.rewinds(frame.pos0, frame.rewind, slot.pos):
                 self._rewind(sid, slot, frame.pos0)
             table.check_forward(slot, frame.pos0, frame.n_tokens)
         except RequestError as e:
@@ -187,10 +186,11 @@ class SimPeer:
         return Token(frame.step, token_of(out), 0.0, (), compute_s * 1000.0), done_s
 
     def _open(self, sid: bytes, owner: str, frame: Open, now_s: float) -> Frame:
-        if self.drain.active:
-            return Error(ErrorCode.BUSY, self.drain.active)
-        if (frame.start, frame.end) != (self.start, self.end):
-            return Error(ErrorCode.NOT_FOUND, f"this peer serves layers [{self.start}, {self.end})")
+        # the real peer's refusals, in its order; a simulated peer leaving answers before (`handle`)
+        refusal = rules.open_refusal(frame, owner, shutting_down=False, draining=self.drain.active,
+                                     model_id=None, start=self.start, end=self.end)
+        if refusal is not None:
+            return Error(*refusal)
         try:
             admission = self.table.admit(sid, owner, frame.max_tokens, now_s)
         except Busy as e:
@@ -229,7 +229,7 @@ class SimPeer:
             pos = self.table.get(sid, owner).pos
         except RequestError:
             return False
-        return frame.pos0 == pos or (frame.rewind and frame.pos0 < pos)
+        return rules.accepts_pushed(frame.pos0, frame.rewind, pos)
 
     def _holds(self, sid: bytes, owner_of: str) -> bool:
         try:
@@ -302,7 +302,7 @@ class PeerLink:
             if self.closed or peer.state == "reset":
                 raise PeerUnreachable(f"stream to {self.peer_id} was reset")
             if peer.state == "left":
-                return Error(ErrorCode.SHUTTING_DOWN, "peer is shutting down"), 100
+                return Error(ErrorCode.SHUTTING_DOWN, rules.SHUTTING_DOWN_MESSAGE), 100
             fut = self._waiter = loop.create_future()
             peer.track(fut)  # a departure settles it: SHUTTING_DOWN, or reset
             try:

@@ -28,6 +28,7 @@ import numpy as np
 from sim.compute import embed, run_layers, token_of
 from swarm.route.replay import split_steps
 from swarm.errors import PeerTimeout, PeerUnreachable
+from swarm.peer import rules
 from swarm.route.plan import PeerSpan
 from swarm.wire import Close, Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token
 
@@ -115,8 +116,14 @@ class SpanPeer:
     def handle(self, session_id: bytes, frame: Frame) -> Frame:
         """Answer one frame of one session (the peer is up or leaving)."""
         if self.state == "leaving":
-            return Error(ErrorCode.SHUTTING_DOWN, "peer is shutting down")
+            return Error(ErrorCode.SHUTTING_DOWN, rules.SHUTTING_DOWN_MESSAGE)
         if isinstance(frame, Open):
+            # the real peer's refusals, in its order: no drain here, leaving is answered above, and
+            # a simulated link carries no peer id to check the client id against
+            refusal = rules.open_refusal(frame, frame.client_id, shutting_down=False, draining=None,
+                                         model_id=None, start=self.start, end=self.end)
+            if refusal is not None:
+                return Error(*refusal)
             if len(self.sessions) >= self.max_sessions:
                 return Error(ErrorCode.BUSY, f"all {self.max_sessions} session slots are in use")
             self.sessions[session_id] = [0, [0] * (self.end - self.start)]

@@ -1,7 +1,8 @@
 """Keeping this peer's span announced in the DHT: periodic refresh, withdrawal on shutdown.
 
-The record carries live numbers (free KV-cache tokens, free session slots) read from the span's
-session table at each refresh, so clients route around a full peer within one period.
+The record carries live numbers (free KV-cache tokens, free session slots) read from the span
+(`swarm.peer.span.Span.record`, the one place a peer's record is made) at each refresh, so clients
+route around a full peer within one period.
 """
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 
 import swarm
 from swarm.dht.node import SwarmDHT
 from swarm.dht.records import MAX_ADDRS, Announcement
 from swarm.errors import SwarmError
+from swarm.peer.span import Span
 from swarm.wire import PROTOCOL_GENERATION
 
 logger = logging.getLogger(__name__)
@@ -23,29 +24,20 @@ EXPIRY_PERIODS = 2.5
 """A record lives this many refresh periods, so one lost refresh does not drop the peer."""
 
 
-@dataclass(frozen=True)
-class Throughput:
-    """Measured speed of a whole span: one-token decode steps/s and prefill tokens/s."""
-
-    decode_steps_per_s: float
-    prefill_tokens_per_s: float
-
-
 class Announcer:
-    """Publishes the span of `rt` (a `SpanRuntime`) every `period_s` seconds.
+    """Publishes `span` every `period_s` seconds.
 
     Args:
         dht: the peer's DHT node.
-        rt: the served span (model_id, start, end, sessions).
-        throughput: measured at start.
+        span: the served span; its record (`Span.record`) is read at each refresh.
         period_s: refresh period, seconds.
         public_name: optional display name.
         direct_addrs: TCP multiaddrs of the peer's direct-stream listener (swarm.direct), if any.
     """
 
-    def __init__(self, dht: SwarmDHT, rt, throughput: Throughput, period_s: float, public_name: str | None,
+    def __init__(self, dht: SwarmDHT, span: Span, period_s: float, public_name: str | None,
                  direct_addrs: tuple[str, ...] = ()):
-        self._dht, self._rt, self._tp = dht, rt, throughput
+        self._dht, self._span = dht, span
         self._period_s = period_s
         self._public_name = public_name
         self._direct_addrs = direct_addrs[:MAX_ADDRS]
@@ -53,34 +45,25 @@ class Announcer:
 
     def record(self) -> Announcement:
         """The announcement as of now (expires_at is set by the DHT wrapper)."""
-        s = self._rt.sessions
+        r = self._span.record(self._dht.peer_id, started_at=self._started_at)
         return Announcement(
-            peer_id=self._dht.peer_id,
+            peer_id=r.peer_id,
             addrs=tuple(self._dht.visible_maddrs()[:MAX_ADDRS]),  # a host with many interfaces has more
-            model_id=self._rt.model_id,
-            start=self._rt.start,
-            end=self._rt.end,
-            decode_steps_per_s=self._tp.decode_steps_per_s,
-            prefill_tokens_per_s=self._tp.prefill_tokens_per_s,
-            free_cache_tokens=s.free_cache_tokens,
-            max_sessions=s.max_sessions,
-            sessions_free=0 if self._rt.drain.active else s.sessions_free,
+            model_id=self._span.model_id,
+            start=r.start,
+            end=r.end,
+            decode_steps_per_s=r.decode_steps_per_s,
+            prefill_tokens_per_s=r.prefill_tokens_per_s,
+            free_cache_tokens=r.free_cache_tokens,
+            max_sessions=self._span.sessions.max_sessions,
+            sessions_free=r.sessions_free,
             version=swarm.__version__,
             protocol=PROTOCOL_GENERATION,
             public_name=self._public_name,
             expires_at=0.0,
-            started_at=self._started_at,
+            started_at=r.incarnation,
             direct_addrs=self._direct_addrs,
         )
-
-    @property
-    def throughput(self) -> Throughput:
-        """The speed announced now."""
-        return self._tp
-
-    @throughput.setter
-    def throughput(self, tp: Throughput) -> None:
-        self._tp = tp
 
     async def announce_once(self) -> None:
         """Publish now. Raises DHTError or ProtocolError when no node stores it."""
@@ -97,4 +80,4 @@ class Announcer:
 
     async def withdraw(self) -> None:
         """Replace the record with a tombstone so clients stop routing here at once."""
-        await self._dht.withdraw(self._rt.model_id)
+        await self._dht.withdraw(self._span.model_id)

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 
 from swarm.errors import AddressError
+from swarm.peer.span import Span
 
 STEP_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 """Step latency buckets, seconds: from a decode step of a few layers to a long prefill chunk."""
@@ -30,14 +31,11 @@ class PeerMetrics:
     """A peer's metrics registry and the wrapper that feeds it.
 
     Args:
-        rt: the served span (`swarm.peer.handler.SpanRuntime`): read at scrape time.
-    Attributes:
-        announcer: set once the announcer exists; its measured throughput is exported.
+        span: the served span: read at scrape time.
     """
 
-    def __init__(self, rt):
-        self.rt = rt
-        self.announcer = None
+    def __init__(self, span: Span):
+        self.span = span
         self.registry = CollectorRegistry()
         r = self.registry
         self.sessions = Counter("swarm_peer_streams", "Span streams (client sessions) served", registry=r)
@@ -143,9 +141,9 @@ class _SpanCollector:
         self._m = metrics
 
     def collect(self):
-        rt = self._m.rt
-        s = rt.sessions
-        span = [f"{rt.start}:{rt.end}"]
+        served = self._m.span
+        s = served.sessions
+        span = [f"{served.start}:{served.end}"]
         for name, doc, value in (
             ("swarm_peer_sessions_open", "Sessions holding a slot now", len(s)),
             ("swarm_peer_sessions_free", "Free session slots", s.sessions_free),
@@ -156,26 +154,17 @@ class _SpanCollector:
                 s.free_cache_tokens,
             ),
             ("swarm_peer_cache_tokens", "KV-cache tokens in all", s.cache_tokens),
-            ("swarm_peer_shutting_down", "1 while the peer leaves", float(rt.shutting_down)),
+            ("swarm_peer_shutting_down", "1 while the peer leaves", float(served.shutting_down)),
         ):
             family = GaugeMetricFamily(name, doc, labels=["span"])
             family.add_metric(span, value)
             yield family
-        announcer = self._m.announcer
-        if announcer is not None:
-            tp = announcer.throughput
-            for name, doc, value in (
-                (
-                    "swarm_peer_decode_steps_per_second",
-                    "Measured decode steps/s of the span",
-                    tp.decode_steps_per_s,
-                ),
-                (
-                    "swarm_peer_prefill_tokens_per_second",
-                    "Measured prefill tokens/s",
-                    tp.prefill_tokens_per_s,
-                ),
-            ):
-                family = GaugeMetricFamily(name, doc, labels=["span"])
-                family.add_metric(span, value)
-                yield family
+        tp = served.throughput
+        for name, doc, value in (
+            ("swarm_peer_decode_steps_per_second", "Measured decode steps/s of the span",
+             tp.decode_steps_per_s),
+            ("swarm_peer_prefill_tokens_per_second", "Measured prefill tokens/s", tp.prefill_tokens_per_s),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["span"])
+            family.add_metric(span, value)
+            yield family

@@ -143,7 +143,7 @@ class CostModel:
 
 
 @dataclass(frozen=True)
-class StepResult:
+class StepOutput:
     """A step's output and the compute time spent on it.
 
     Attributes:
@@ -199,7 +199,7 @@ class StepScheduler:
         self._last_was_batch = False
 
     async def step(self, seq_id: int, pos0: int, hidden: np.ndarray, *,
-                   all_logits: bool = False, steps: Sequence[int] = ()) -> StepResult:
+                   all_logits: bool = False, steps: Sequence[int] = ()) -> StepOutput:
         """Run the span on `hidden` rows of sequence `seq_id` from `pos0`; batched or chunked.
 
         Args:
@@ -207,7 +207,7 @@ class StepScheduler:
             steps: () for one step, or the row counts (summing to n) of several steps run one after
                 the other, each exactly as if it came alone (wire.Forward.steps).
         Returns:
-            StepResult with the output of the whole step (of all its steps).
+            StepOutput with the output of the whole step (of all its steps).
         Raises:
             ExecutorError: as `SpanExecutor.forward`; the sequence is as before the step.
         """
@@ -220,7 +220,7 @@ class StepScheduler:
         return await self._submit(job)
 
     async def _steps(self, seq_id: int, pos0: int, hidden: np.ndarray, all_logits: bool,
-                     steps: Sequence[int]) -> StepResult:
+                     steps: Sequence[int]) -> StepOutput:
         """Several steps of one sequence in order; atomic like one step: a failure or cancellation
         rolls the sequence back to `pos0`."""
         outs: list[np.ndarray] = []
@@ -237,7 +237,7 @@ class StepScheduler:
             self._queue_rollback(seq_id, pos0)
             raise
         last_only = self._executor().is_last and not all_logits
-        return StepResult(outs[-1] if last_only else np.concatenate(outs), ms)
+        return StepOutput(outs[-1] if last_only else np.concatenate(outs), ms)
 
     def _queue_rollback(self, seq_id: int, pos: int) -> None:
         """Queue a truncate of `seq_id` to `pos` at the front of the queue, without waiting (the
@@ -255,7 +255,7 @@ class StepScheduler:
         self._queue.appendleft(_Job(asyncio.get_running_loop().create_future(), fn=rollback))
         self._ensure_runner()
 
-    def _run_now(self, job: _Job) -> StepResult | None:
+    def _run_now(self, job: _Job) -> StepOutput | None:
         """Fast path for a lone decode step: when nothing is queued or running and the step is
         measured to be cheap enough to run inline, run it here and now. It is synchronous, so nothing
         can interleave with it; it saves the runner task's loop turns (~0.2 ms per hop, measured).
@@ -279,7 +279,7 @@ class StepScheduler:
         del self.unit_ms[:-1024]
         if isinstance(out, Exception):
             raise out
-        return StepResult(out, ms)
+        return StepOutput(out, ms)
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` alone between units (a blocking executor call); returns its result."""
@@ -354,7 +354,7 @@ class StepScheduler:
                 _settle(job, None, err)
         elif unit.kind == "batch":
             for job, r in zip(jobs, result):
-                _settle(job, None if isinstance(r, Exception) else StepResult(r, ms),
+                _settle(job, None if isinstance(r, Exception) else StepOutput(r, ms),
                         r if isinstance(r, Exception) else None)
         else:
             self._after_chunk(ex, jobs[0], unit.rows, result, ms, err)
@@ -416,7 +416,7 @@ class StepScheduler:
             self._queue.append(job)  # to the back: waiting decode steps and other prefills go first
             return
         full = job.outs[-1] if (ex.is_last and not job.all_logits) else np.concatenate(job.outs)
-        _settle(job, StepResult(full, job.compute_ms), None)
+        _settle(job, StepOutput(full, job.compute_ms), None)
 
 
 def _settle(job: _Job, result: Any, err: BaseException | None) -> None:

@@ -1,0 +1,229 @@
+"""The span a peer serves: its executor, session table, step scheduler, drain state and prefix
+service, and every operation that must keep the table and the executor's KV cache in step.
+
+Each operation asks the table (or a pure rule of swarm/peer/rules.py) and applies to the executor
+in one place: admit (clears the sequence ids it hands out), forward (checks, computes, advances),
+truncate (the cache first, then the table), restore (imports a prefix snapshot), release (clears
+the sequence, wakes a drain), swap (the executor of another span when the peer moves) and the
+record it announces. The table is touched only from the event loop; the executor only through the
+scheduler, under `lock`.
+
+This module does not: read frames (swarm/peer/handler.py), sample, or choose or load spans
+(swarm/peer/build.py loads the executor it is given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from swarm.errors import ExecutorError, RequestError, SwarmError
+from swarm.ggml_bridge.executor import SpanExecutor
+from swarm.kv.sessions import SessionSlot, SessionTable
+from swarm.peer.rebalance import Drain
+from swarm.peer.rules import (
+    Throughput,
+    not_restorable,
+    restore_refusal,
+    span_record,
+    truncate_refusal,
+    width_refusal,
+)
+from swarm.peer.scheduler import CostModel, StepOutput, StepScheduler, exact_batch_cap
+from swarm.peer.snapshots import PrefixService
+from swarm.route.plan import PeerSpan
+
+MeasureFn = Callable[[SpanExecutor], Throughput]
+"""Times a span's executor (blocking; run on the executor thread): `swarm.peer.build.measure_throughput`."""
+
+
+class Span:
+    """One served span of one model (see the module docstring). Build it with `Span.open`.
+
+    Attributes:
+        model_id: the model served.
+        start, end: global half-open layers served (change only in `swap`).
+        executor: the span's llama.cpp executor; touched only through `scheduler`, under `lock`.
+        sessions: the span's session table.
+        scheduler: runs every unit of executor work.
+        drain: set while the peer drains to move its span; new sessions are refused with BUSY.
+        prefixes: prefix snapshots of this span, or None when the peer keeps none.
+        throughput: the span's measured speed (re-measured after each swap).
+        shutting_down: set on SIGTERM; new sessions are refused with SHUTTING_DOWN.
+        lock: held around every unit of executor work, and while the executor is swapped.
+        pool: the executor thread for long calls.
+    """
+
+    def __init__(self, model_id: str, start: int, end: int, executor: SpanExecutor, sessions: SessionTable, *,
+                 prefixes: PrefixService | None, inline_max_ms: float, measure: MeasureFn):
+        self.model_id, self.start, self.end = model_id, start, end
+        self.executor = executor
+        self.sessions = sessions
+        self.prefixes = prefixes
+        self.drain = Drain()
+        self.shutting_down = False
+        self.lock = asyncio.Lock()
+        self.pool = ThreadPoolExecutor(1, "span-executor")
+        # Chunks of the executor's n_batch rows: the same ubatches as one long forward() call.
+        self.scheduler = StepScheduler(lambda: self.executor, self.lock, self.pool,
+                                       chunk_tokens=executor.n_batch, inline_max_ms=inline_max_ms)
+        self.throughput = Throughput(0.0, 0.0)
+        self._measure = measure
+
+    @classmethod
+    async def open(cls, model_id: str, start: int, end: int, executor: SpanExecutor, sessions: SessionTable,
+                    *, prefixes: PrefixService | None, inline_max_ms: float, measure: MeasureFn) -> Span:
+        """A span ready to serve: its batch cap found and its throughput measured on `executor`."""
+        span = cls(model_id, start, end, executor, sessions, prefixes=prefixes, inline_max_ms=inline_max_ms,
+                   measure=measure)
+        await span._tune()
+        return span
+
+    async def _tune(self) -> None:
+        self.scheduler.max_batch_rows = await self.run(exact_batch_cap, self.executor)
+        self.throughput = await self.run(self._measure, self.executor)
+
+    @property
+    def is_last(self) -> bool:
+        """The span ends the model: it samples, and pushes to no next hop."""
+        return self.executor.is_last
+
+    async def run(self, fn: Callable, *args):
+        """Run a blocking executor call alone, between the scheduler's units; returns its result."""
+        return await self.scheduler.call(fn, *args)
+
+    async def admit(self, session_id: bytes, owner: str, max_tokens: int, now_s: float) -> SessionSlot:
+        """Open a session of `owner` reserving `max_tokens`, with an empty sequence.
+
+        Raises:
+            Busy: no slot or KV room (`SessionTable.admit`).
+            RequestError: a bad or duplicate request.
+        """
+        admission = self.sessions.admit(session_id, owner, max_tokens, now_s)
+        for seq_id in admission.evicted_seq_ids:
+            await self.run(self.executor.clear, seq_id)
+        # A seq id can come back from a session that ended abnormally; start from an empty cache.
+        await self.run(self.executor.clear, admission.slot.seq_id)
+        return admission.slot
+
+    async def forward(self, slot: SessionSlot, pos0: int, hidden: np.ndarray, *, all_logits: bool,
+                      steps: Sequence[int], finish: Callable[[StepOutput], object]):
+        """Run `hidden` [n_tokens, n_embd] at `pos0` on the session, then advance it.
+
+        `finish` turns the step's output into the reply (the last span samples there) before the
+        session advances: a reply that cannot be made leaves the session where it was.
+
+        Returns:
+            what `finish` returns.
+        Raises:
+            RequestError: the step does not continue the session, passes its reservation, or has
+                the wrong width; `finish` refused the output.
+            ExecutorError: the executor failed.
+        """
+        self.sessions.check_forward(slot, pos0, hidden.shape[0])
+        why = width_refusal(hidden.shape[1], self.executor.n_embd)
+        if why is not None:
+            raise RequestError(why)
+        rows = np.ascontiguousarray(hidden, dtype=np.float32)
+        out = await self.scheduler.step(slot.seq_id, pos0, rows, all_logits=all_logits, steps=steps)
+        reply = finish(out)
+        self.sessions.advance(slot, hidden.shape[0], time.monotonic())
+        return reply
+
+    async def truncate(self, slot: SessionSlot, pos: int) -> None:
+        """Drop the session's positions >= `pos`.
+
+        Raises:
+            RequestError: `pos` is past the session's position or negative.
+            ExecutorError: the cache cannot roll back (the table still says where the cache is).
+        """
+        why = truncate_refusal(pos, slot.pos)
+        if why is not None:
+            raise RequestError(why)
+        # the cache first: a recurrent state cannot roll back into a sequence (ArchRow.rollback_exact),
+        # and when the executor refuses, the table must still say where the cache is
+        await self.run(self.executor.truncate, slot.seq_id, pos)
+        self.sessions.truncate(slot, pos)
+
+    async def restore(self, slot: SessionSlot, n: int, snapshot_hash: bytes | None) -> None:
+        """Load the snapshot `snapshot_hash` of a prefix of `n` tokens into the session's empty sequence.
+
+        Raises:
+            RequestError: not the session's first step, no such snapshot held (evicted since Open,
+                or never offered), or it could not be imported (the sequence stays empty).
+        """
+        why = restore_refusal(slot.pos)
+        if why is not None:
+            raise RequestError(why)
+        kv = self.prefixes.snapshot_kv(snapshot_hash) if self.prefixes is not None and snapshot_hash else None
+        if kv is None:
+            raise RequestError(not_restorable(n))
+
+        def load() -> None:
+            executor = self.executor
+            try:
+                executor.import_seq(slot.seq_id, kv)
+                executor.truncate(slot.seq_id, n)
+                if executor.pos_max(slot.seq_id) != n - 1:
+                    raise ExecutorError(f"snapshot holds {executor.pos_max(slot.seq_id) + 1} tokens, not {n}")
+            except ExecutorError:
+                executor.clear(slot.seq_id)
+                raise
+
+        await self.run(load)
+        self.sessions.advance(slot, n, time.monotonic())
+
+    async def keep_prefix(self, slot: SessionSlot, offers: Sequence[tuple[int, bytes]]) -> None:
+        """Keep the session's cache, which holds the whole offered prompt (`rules.keeps_prefix`),
+        as a prefix snapshot, if the prefix service wants it.
+
+        Raises:
+            ExecutorError: the cache could not be exported.
+        """
+        if self.prefixes is not None and self.prefixes.wants(offers):
+            kv = await self.run(self.executor.export_seq, slot.seq_id)
+            self.prefixes.keep(offers, kv)
+
+    async def release(self, session_id: bytes) -> None:
+        """Free the session's slot and clear its sequence; wakes a drain when none is left."""
+        seq_id = self.sessions.release(session_id)
+        await self.run(self.executor.clear, seq_id)
+        self.drain.session_ended(len(self.sessions))
+
+    async def swap(self, start: int, end: int, load: Callable[[int, int], Awaitable[SpanExecutor]]) -> None:
+        """Serve [start, end) instead (the caller drained every session), then re-measure.
+
+        The old executor is closed first, so that the peer never holds two spans beyond its memory
+        budget; if the new span cannot be loaded, the old one is loaded back.
+
+        Raises:
+            SwarmError: `load` failed for the new span (the old span serves on).
+        """
+        old = (self.start, self.end)
+        async with self.lock:
+            self.executor.close()
+            try:
+                executor = await load(start, end)
+            except SwarmError:
+                self.executor = await load(*old)
+                raise
+            self.executor, self.start, self.end = executor, start, end
+            self.scheduler.cost = CostModel()  # the old span's unit costs say nothing of the new one
+            if self.prefixes is not None:
+                self.prefixes.move(start, end)
+        await self._tune()
+
+    def record(self, peer_id: str, *, draining: bool = True, started_at: float = 0.0) -> PeerSpan:
+        """The span as announced now (`swarm.peer.rules.span_record`); `draining=False` gives the
+        free room as if it did not drain (how the rebalancer weighs staying)."""
+        return span_record(peer_id, self.start, self.end, self.throughput, self.sessions,
+                           draining=draining and bool(self.drain.active), started_at=started_at)
+
+    def close(self) -> None:
+        """Wait for the executor thread, then free the executor."""
+        self.pool.shutdown(wait=True)
+        self.executor.close()

@@ -1,0 +1,129 @@
+"""swarm.peer.span.Span: each operation keeps the session table and the executor's KV cache in step
+(a fake executor records its calls; no llama.cpp)."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from swarm.errors import ExecutorError, RequestError, SwarmError
+from swarm.kv.sessions import SessionTable
+from swarm.peer import span as span_module
+from swarm.peer.rules import Throughput
+from swarm.peer.span import Span
+
+
+class FakeExecutor:
+    n_batch, n_embd, n_threads, n_seq_max, is_last = 64, 4, 1, 4, False
+
+    def __init__(self, name="a", fail_truncate=False):
+        self.name, self.fail_truncate, self.calls, self.closed = name, fail_truncate, [], False
+
+    def clear(self, seq_id):
+        self.calls.append(("clear", seq_id))
+
+    def truncate(self, seq_id, pos):
+        self.calls.append(("truncate", seq_id, pos))
+        if self.fail_truncate:
+            raise ExecutorError("cannot roll back")
+
+    def forward(self, seq_id, pos0, hidden, *, all_logits=False):
+        self.calls.append(("forward", seq_id, pos0, hidden.shape[0]))
+        return hidden + 1.0
+
+    def close(self):
+        self.closed = True
+
+
+def _span(executor=None) -> Span:
+    ex = executor or FakeExecutor()
+    return Span("ab" * 32, 0, 4, ex, SessionTable(2, 256, idle_timeout_s=600.0), prefixes=None,
+                inline_max_ms=0.0, measure=lambda ex: Throughput(1.0, 2.0))
+
+
+def test_admit_forward_truncate_release_keep_table_and_cache_in_step():
+    async def main():
+        span = _span()
+        ex = span.executor
+        slot = await span.admit(b"s" * 16, "client", 32, 0.0)
+        assert ex.calls == [("clear", slot.seq_id)]  # a seq id handed out again starts empty
+        out = await span.forward(slot, 0, np.zeros((3, 4), np.float32), all_logits=False, steps=(),
+                                 finish=lambda r: r.out)
+        assert out.shape == (3, 4) and slot.pos == 3
+        with pytest.raises(RequestError, match="step starts at position 1"):
+            await span.forward(slot, 1, np.zeros((1, 4), np.float32), all_logits=False, steps=(),
+                               finish=lambda r: r)
+        with pytest.raises(RequestError, match="hidden size 2"):
+            await span.forward(slot, 3, np.zeros((1, 2), np.float32), all_logits=False, steps=(),
+                               finish=lambda r: r)
+        with pytest.raises(RequestError, match="truncate to 4"):
+            await span.truncate(slot, 4)
+        await span.truncate(slot, 1)
+        assert ex.calls[-1] == ("truncate", slot.seq_id, 1) and slot.pos == 1
+        span.drain.start("moving")
+        await span.release(slot.session_id)
+        assert ex.calls[-1] == ("clear", slot.seq_id) and len(span.sessions) == 0
+        assert await span.drain.wait_empty(lambda: len(span.sessions), 0.1)
+
+    asyncio.run(main())
+
+
+def test_a_refused_rollback_leaves_the_table_where_the_cache_is():
+    async def main():
+        span = _span(FakeExecutor(fail_truncate=True))
+        slot = await span.admit(b"s" * 16, "client", 32, 0.0)
+        await span.forward(slot, 0, np.zeros((3, 4), np.float32), all_logits=False, steps=(),
+                           finish=lambda r: r)
+        with pytest.raises(ExecutorError):
+            await span.truncate(slot, 1)
+        assert slot.pos == 3
+
+    asyncio.run(main())
+
+
+def test_restore_preconditions():
+    async def main():
+        span = _span()
+        slot = await span.admit(b"s" * 16, "client", 32, 0.0)
+        with pytest.raises(RequestError, match="not restorable"):
+            await span.restore(slot, 64, b"h")  # no prefix service: nothing is held
+        await span.forward(slot, 0, np.zeros((1, 4), np.float32), all_logits=False, steps=(),
+                           finish=lambda r: r)
+        with pytest.raises(RequestError, match="first step"):
+            await span.restore(slot, 64, b"h")
+
+    asyncio.run(main())
+
+
+def test_swap_loads_the_old_span_back_when_the_new_one_fails(monkeypatch):
+    monkeypatch.setattr(span_module, "exact_batch_cap", lambda ex: 3)
+
+    async def main():
+        span = _span()
+        old = span.executor
+
+        async def load_fails(start, end):
+            if (start, end) != (0, 4):
+                raise SwarmError("no bytes")
+            return FakeExecutor("reloaded")
+
+        with pytest.raises(SwarmError):
+            await span.swap(4, 8, load_fails)
+        assert old.closed and span.executor.name == "reloaded" and (span.start, span.end) == (0, 4)
+
+        async def load(start, end):
+            return FakeExecutor("new")
+
+        await span.swap(4, 8, load)
+        assert span.executor.name == "new" and (span.start, span.end) == (4, 8)
+        assert span.scheduler.max_batch_rows == 3 and span.throughput == Throughput(1.0, 2.0)
+        assert span.record("p").start == 4
+
+    asyncio.run(main())
+
+
+def test_record_announces_the_drain_unless_asked_not_to():
+    span = _span()
+    span.drain.start("moving")
+    assert span.record("p").sessions_free == 0
+    assert span.record("p", draining=False).sessions_free == 2
