@@ -4,7 +4,8 @@ Everything that differs between model families and matters to slicing, span exec
 embedding lives here, so the rest of the code asks a row (`row.capture_name`, `row.embedding_scale`)
 and never compares architecture names. A new architecture is one row plus one parity case.
 
-This module does no I/O and knows nothing about files, peers or llama.cpp handles.
+This module does no I/O and knows nothing about files, peers or llama.cpp handles. It stays one
+file past the house's ~400 lines: it is one table, and its rows read best side by side.
 """
 
 from __future__ import annotations

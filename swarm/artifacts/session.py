@@ -18,7 +18,9 @@ Fetch protocol, in order:
 So `<dest>` never names a partial or unverified span.
 
 Not thread-safe: call one method at a time (from one thread, or via `asyncio.to_thread`). This
-module does not discover peers; callers pass `(host, port)` lists (see `records.py`).
+module does not discover peers; callers pass `(host, port)` lists (see `records.py`). It stays one
+file past the house's ~400 lines because it is one concern: the only code that touches the
+libtorrent session and its alerts.
 """
 
 from __future__ import annotations

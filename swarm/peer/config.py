@@ -9,10 +9,9 @@ from dataclasses import dataclass
 
 from swarm.dht.records import MAX_PUBLIC_NAME_CHARS
 from swarm.errors import AddressError, SwarmError
-from swarm.limits import MAX_CONTEXT_TOKENS
+from swarm.limits import MAX_CONTEXT_TOKENS, MAX_LAYERS
 from swarm.netaddr import NetConfig, check_net_config
 from swarm.peer.scheduler import INLINE_MAX_MS
-from swarm.wire import MAX_LAYERS
 
 
 @dataclass(frozen=True)

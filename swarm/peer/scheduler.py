@@ -29,7 +29,9 @@ switch from a per-row gemv to a 4-row gemm at 4 rows, which rounds differently (
 span, and the peer caps batches there.
 
 This module does not decide admission or positions (kv/sessions.py) nor read frames (handler.py).
-`plan_next` and `CostModel` are pure; `StepScheduler` is the asyncio shell around them.
+`plan_next` and `CostModel` are pure; `StepScheduler` is the asyncio shell around them. One concern,
+so it stays one file past the house's ~400 lines: units, their costs and the exact-batch probe are
+the scheduler's own vocabulary and nothing else uses them.
 """
 
 from __future__ import annotations

@@ -339,3 +339,37 @@ def test_import_check_sees_lazy_and_relative_imports():
 def test_docstring_entries_are_files_at_line_starts():
     doc = "Files:\n    a.py  one\n    - b.py: two, see c.py\n    sub/  a package\nFlow: a.py -> b.py\n"
     assert _listed(doc) == {"a.py", "b.py", "sub/"}
+
+
+ROOM_LINES = 400
+"""A module past this many lines must say in its docstring why it stays one file (the house's rule)."""
+ONE_FILE_REASON = "stays one file past the house's ~400 lines"
+
+
+def _long_modules_without_reason(files: list[Path]) -> list[str]:
+    """Names (with line counts) of the files past ROOM_LINES whose docstring gives no reason."""
+    found = []
+    for path in files:
+        text = path.read_text()
+        n_lines = len(text.splitlines())
+        docstring = " ".join((ast.get_docstring(ast.parse(text)) or "").split())
+        if n_lines > ROOM_LINES and ONE_FILE_REASON not in docstring:
+            found.append(f"{path.name} ({n_lines} lines)")
+    return found
+
+
+def test_a_long_module_says_why_it_is_one_file():
+    files = list(_source_files().values())
+    assert any(len(p.read_text().splitlines()) > ROOM_LINES for p in files), "no module is long: check nothing"
+    offenders = _long_modules_without_reason(files)
+    assert not offenders, (f"split these by concern, or say in the module docstring why each "
+                           f"{ONE_FILE_REASON} (one concern): {offenders}")
+
+
+def test_the_long_module_check_catches_a_module_without_reason(tmp_path: Path):
+    body = "x = 1\n" * (ROOM_LINES + 1)
+    (tmp_path / "long.py").write_text('"""A module of many concerns."""\n' + body)
+    (tmp_path / "reasoned.py").write_text(f'"""One concern; it {ONE_FILE_REASON}."""\n' + body)
+    (tmp_path / "short.py").write_text('"""Short."""\n')
+    found = _long_modules_without_reason(sorted(tmp_path.glob("*.py")))
+    assert found == [f"long.py ({ROOM_LINES + 2} lines)"]
