@@ -3,7 +3,7 @@
 import asyncio
 
 import pytest
-from peerproc import PeerSet
+from tests.helpers.peers import PeerSet
 
 
 @pytest.fixture

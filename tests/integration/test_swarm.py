@@ -12,7 +12,8 @@ import pytest
 from swarm import Client
 from swarm.client.remote import DHTDirectory
 
-from peerproc import PeerSet, oracle, serve_args
+from tests.helpers.oracle import oracle
+from tests.helpers.peers import PeerSet, serve_args
 
 PROMPT = "The three most important inventions of the twentieth century are"
 

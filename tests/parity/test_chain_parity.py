@@ -14,7 +14,7 @@ import pytest
 from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.ggml_bridge.slicing import read_span_layers
-from tests.parity.conftest import N_DECODE, N_THREADS
+from tests.helpers.oracle import N_DECODE, N_THREADS
 
 TOL = 1e-4
 

@@ -3,7 +3,7 @@ llama.cpp's whole model bit for bit (prefill logits of every prompt token, 32 gr
 
 No download: the models come from `tests/parity/synthetic.py` (tiny, random weights, byte vocab),
 written once per session. The runner is the one of `test_chain_parity.py`; the oracle is
-`conftest.run_oracle` (llama.cpp's whole model fed token ids, flash attention on).
+`tests.helpers.oracle.run_oracle` (llama.cpp's whole model fed token ids, flash attention on).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from swarm.manifest import build_manifest
 from swarm.route.placement import choose_span
 from swarm.route.plan import PeerSpan
 from swarm.span_rules import has_split_rules, span_refusal
-from tests.parity.conftest import N_DECODE
+from tests.helpers.oracle import N_DECODE
 from gguf import GGUFReader, GGUFValueType
 
 from swarm.errors import ExecutorError, ModelError, RequestError, UnsupportedArchitecture
@@ -158,7 +158,7 @@ def test_synthetic_deepseek4_runs_whole_but_is_refused_by_slicing_and_serve(tmp_
     import sys
 
     from swarm.ggml_bridge.executor import ExecutorConfig, SpanExecutor
-    from tests.parity.conftest import run_oracle
+    from tests.helpers.oracle import run_oracle
     from tests.parity.synthetic import WHOLE_ONLY
 
     path = write_synthetic("deepseek4", tmp_path / "deepseek4.gguf", spec=WHOLE_ONLY["deepseek4"]())
@@ -189,7 +189,7 @@ def test_synthetic_deepseek2_lite_spans_equal_the_whole_model(tmp_path, span_cac
     q_lora_rank unless the block count is 26 or 27, so neither the file nor a plain slice of it
     loads; every span gets `q_lora_rank = 0` written (ArchRow.default_keys). Oracle: the same
     weights with the key in the file, whole, token input."""
-    from tests.parity.conftest import run_oracle
+    from tests.helpers.oracle import run_oracle
     from tests.parity.synthetic import deepseek2_lite, with_layers
 
     lite = deepseek2_lite()
@@ -227,7 +227,7 @@ def test_synthetic_glm_dsa_without_indexer_types_uses_llama_cpps_table_by_global
     """No `attention.indexer.types` and a 1M context: llama.cpp takes GLM-5.2's built-in table by the
     index in the file (1, 1, 1, 0, 0 for 5 layers). Spans may start only at 0, 1 or 2, and a span
     file lists its layers' types explicitly, so the chain equals the whole model."""
-    from tests.parity.conftest import run_oracle
+    from tests.helpers.oracle import run_oracle
     from tests.parity.synthetic import SPECS as specs
     from tests.parity.synthetic import with_layers
 
