@@ -1,0 +1,6 @@
+"""Helpers shared by the test suite, imported one way: `from tests.helpers.<module> import ...`.
+
+- markers.py: the cost markers (quick, model, peers, slow) and the rule that puts them on every test.
+- oracle.py: llama.cpp's whole-model references (completion text; prompt and step logits), cached per session.
+- peers.py: peer processes and their `serve` arguments, raw span streams, polling with a deadline.
+"""
