@@ -23,7 +23,9 @@ MODEL_FIXTURES = frozenset({"smollm2_path", "qwen_path", "gemma_path"})
 LARGE_MODELS = frozenset({"qwen_path", "gemma_path", "qwen2.5-coder-0.5b", "gemma3-270m"})
 
 
-def cost_markers(directory: str, fixtures: Iterable[str], params: Iterable[object], marked: Iterable[str]) -> set[str]:
+def cost_markers(
+    directory: str, fixtures: Iterable[str], params: Iterable[object], marked: Iterable[str]
+) -> set[str]:
     """The cost markers a test gets.
 
     Args:

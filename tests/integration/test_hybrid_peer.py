@@ -12,7 +12,7 @@ import pytest
 
 from swarm.manifest import build_manifest
 from swarm.wire import Error, Forward, Token, Truncate, encode_frame
-from tests.parity.synthetic import N_EMBD, N_LAYERS_HYBRID, write_synthetic
+from tests.helpers.synthetic import N_EMBD, N_LAYERS_HYBRID, write_synthetic
 
 from tests.helpers.peers import PeerSet, RawClient, serve_args
 

@@ -19,7 +19,8 @@ from swarm.errors import ExecutorError
 from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
 from swarm.models import resolve_model
 from swarm.peer.scheduler import StepScheduler, exact_batch_cap
-from tests.parity.test_chain_parity import N_THREADS, open_chain
+from tests.helpers.chains import open_chain
+from tests.helpers.oracle import N_THREADS
 
 N_SESSIONS = 8
 N_STEPS = 12
