@@ -34,8 +34,8 @@ from swarm.localswarm import even_spans
 from swarm.manifest import build_manifest
 from swarm.models import resolve_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
-from peerproc import PeerSet, serve_args, wait_for  # noqa: E402 - the tests' launcher of real peers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers.peers import PeerSet, serve_args, wait_for  # noqa: E402 - the tests' peer launcher
 
 PROMPTS = [
     "The capital of France is",

@@ -40,8 +40,8 @@ from swarm.ggml_bridge.slicing import read_span_layers
 from swarm.models import resolve_model
 from swarm.peer.scheduler import StepScheduler, exact_batch_cap
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
-from peerproc import PeerSet  # noqa: E402 - the tests' peer launcher: real `swarm serve` processes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers.peers import PeerSet  # noqa: E402 - the tests' peer launcher: real `swarm serve` processes
 
 BLOCK = 64
 PROMPTS = [

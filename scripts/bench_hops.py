@@ -42,7 +42,7 @@ from swarm.eventloop import EVENT_LOOP_ENV  # noqa: E402
 from swarm.manifest import build_manifest  # noqa: E402
 from swarm.models import resolve_model  # noqa: E402
 
-from peerproc import PeerSet  # noqa: E402 - tests/integration, put on sys.path by bench_swarm
+from tests.helpers.peers import PeerSet  # noqa: E402 - the repo root is put on sys.path by bench_swarm
 
 
 def start(root: Path, path: Path, n_layers: int, inline_ms: float, pin: bool, loop: str) -> PeerSet:

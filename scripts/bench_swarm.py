@@ -31,8 +31,8 @@ from swarm import Client
 from swarm.manifest import build_manifest
 from swarm.models import resolve_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
-from peerproc import PeerSet  # noqa: E402 - the tests' peer launcher: real `swarm serve` processes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers.peers import PeerSet  # noqa: E402 - the tests' peer launcher: real `swarm serve` processes
 
 TEXT = (
     "The history of computing is a story of people, machines and ideas. Early mechanical calculators "

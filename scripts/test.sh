@@ -1,6 +1,23 @@
 #!/usr/bin/env bash
-# The test command of README.md: the whole suite (unit, parity, integration, simulator).
+# The test command of README.md, in three tiers; each runs the tiers before it too:
+#   scripts/test.sh quick   unit + simulator: no model, no peers (`-m quick`)
+#   scripts/test.sh model   + models in-process: tests/model and tests/parity (`-m "not peers"`)
+#   scripts/test.sh [all]   + real peers on 127.0.0.1: tests/integration; the default, what CI runs
+# The markers come from tests/helpers/markers.py. Further arguments go to pytest
+# (scripts/test.sh model -x -k chain). The wall time is printed after pytest's summary line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@" tests
+tier=all
+case "${1:-}" in quick | model | all) tier=$1 && shift ;; esac
+case $tier in
+quick) select=(-m quick) ;;
+model) select=(-m "not peers") ;;
+all) select=() ;;
+esac
+start=$SECONDS
+rc=0
+.venv/bin/python -m pytest -q -p no:cacheprovider ${select[@]+"${select[@]}"} "$@" tests || rc=$?
+took=$((SECONDS - start))
+echo "scripts/test.sh $tier: wall time $((took / 60)) min $((took % 60)) s"
+exit $rc

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real models, fetched once into the user's model cache and verified."""
+"""Shared fixtures (the real models, fetched once into the user's model cache and verified; one span
+cache for every peer process) and the hook that marks each test with its cost (tests/helpers/markers.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from swarm.models import resolve_model
+from tests.helpers.markers import cost_markers
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -39,3 +41,14 @@ def qwen_path() -> Path:
 def gemma_path() -> Path:
     """Gemma-3-270M Q4_K_M (gemma3 arch, 18 layers, hidden 640, sliding-window attention)."""
     return _model("gemma3-270m")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with what it costs (tests/helpers/markers.py), for `-m` and scripts/test.sh."""
+    tests_dir = Path(__file__).parent
+    for item in items:
+        directory = item.path.relative_to(tests_dir).parts[0] if item.path.is_relative_to(tests_dir) else ""
+        params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+        marked = {m.name for m in item.iter_markers()}
+        for name in cost_markers(directory, item.fixturenames, params, marked) - marked:
+            item.add_marker(name)

@@ -1,15 +1,32 @@
-"""Fixtures for tests with real peer processes and in-process nodes."""
+"""Fixtures for tests with real peer processes and in-process nodes.
+
+`smol_swarm` is the session's one read-only SmolLM2 swarm: a test that uses it only opens sessions
+and reads. A test that kills, freezes, restarts or reconfigures peers, or needs other flags or
+spans, starts its own (`peers`, or a module fixture: test_api, test_failover, test_push,
+test_routing_faults, test_peer_robustness, test_session_independence assert on theirs).
+"""
 
 import asyncio
 
 import pytest
-from peerproc import PeerSet
+from tests.helpers.peers import PeerSet, serve_args
 
 
 @pytest.fixture
 def peers(tmp_path):
     """A `PeerSet` for one test; every peer is stopped at teardown."""
     ps = PeerSet(tmp_path)
+    yield ps
+    ps.stop_all()
+
+
+@pytest.fixture(scope="session")
+def smol_swarm(smollm2_path, tmp_path_factory):
+    """A first peer serving 0:10 plus peers for 10:20 and 20:30 of SmolLM2 (default `serve` flags)."""
+    ps = PeerSet(tmp_path_factory.mktemp("smol_swarm"))
+    first = ps.start("p0", *serve_args(smollm2_path, "0:10", "--new-swarm"))
+    ps.start("p1", *serve_args(smollm2_path, "10:20", "--initial-peers", first.maddrs[0]))
+    ps.start("p2", *serve_args(smollm2_path, "20:30", "--initial-peers", first.maddrs[0]))
     yield ps
     ps.stop_all()
 

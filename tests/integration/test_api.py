@@ -28,7 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from swarm.client.tokenizer import Tokenizer
 from swarm.limits import MAX_CONTEXT_TOKENS
 
-from peerproc import PeerProcess, PeerSet, oracle, serve_args, wait_for
+from tests.helpers.oracle import oracle
+from tests.helpers.peers import PeerProcess, PeerSet, serve_args, wait_for
 
 PROMPT = "The three most important inventions of the twentieth century are"
 QUESTION = [{"role": "user", "content": "Name three planets of the solar system."}]

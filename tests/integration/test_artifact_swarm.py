@@ -11,9 +11,9 @@ import re
 import subprocess
 import sys
 
-import llama_cpp
 import pytest
-from peerproc import PeerSet
+from tests.helpers.oracle import oracle
+from tests.helpers.peers import PeerSet
 
 from swarm import Client
 from swarm.artifacts.distribute import span_ranges
@@ -47,8 +47,7 @@ def test_fresh_peer_fetches_only_its_span_and_serves_it(torrent_swarm, smollm2_p
     assert 1.0 <= ratio <= 1.1
     assert "from 3 peer(s)" in log or "from 2 peer(s)" in log  # the publisher and the seeding span peers
 
-    oracle = llama_cpp.Llama(model_path=str(smollm2_path), n_ctx=512, n_threads=1, flash_attn=True, verbose=False)
-    expected = oracle.create_completion(PROMPT, max_tokens=24, temperature=0.0)["choices"][0]["text"]
+    expected = oracle(smollm2_path, PROMPT, 24, n_ctx=512)
     with Client(model_id, initial_peers=ps.started[0].maddrs) as client:  # knows only the model_id
         got = client.generate(PROMPT, max_new_tokens=24)
     assert got.text == expected

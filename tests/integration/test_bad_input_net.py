@@ -16,9 +16,9 @@ import socket
 import subprocess
 import sys
 
-import llama_cpp
 import pytest
-from peerproc import RawClient
+from tests.helpers.oracle import oracle
+from tests.helpers.peers import RawClient
 
 from swarm import Client
 from swarm.artifacts.distribute import find_seeders
@@ -42,8 +42,7 @@ def ipv6_loopback() -> None:
 
 
 def _expected(path, n: int) -> str:
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_threads=1, flash_attn=True, verbose=False)
-    return llm.create_completion(PROMPT, max_tokens=n, temperature=0.0)["choices"][0]["text"]
+    return oracle(path, PROMPT, n, n_ctx=512)
 
 
 def _seeders(peer, model_id: str, tmp_path) -> list:

@@ -15,7 +15,7 @@ from swarm.dht.node import DHTError, SwarmDHT
 from swarm.dht.records import ANNOUNCE_SUBKEY_TAG, Announcement, announcements_key, encode_announcement
 from swarm.errors import ProtocolError
 
-from peerproc import wait_for
+from tests.helpers.peers import wait_for
 
 MODEL = "c0ffee" * 8
 
@@ -38,7 +38,7 @@ def nodes(loop, tmp_path_factory):
 
 def poll(loop, probe, what: str, want):
     """Run coroutine factory `probe` until its result equals `want` (or, when `want` is a callable,
-    satisfies it) and return that result; past peerproc's deadline, fail naming `what` and the last
+    satisfies it) and return that result; past wait_for's deadline, fail naming `what` and the last
     result."""
     until = want if callable(want) else lambda got: got == want
     return wait_for(lambda: loop.run_until_complete(probe()), what, until=until)

@@ -22,7 +22,8 @@ from swarm.client.telemetry import GenerationTelemetry
 from swarm.sampling import SamplingParams
 from swarm.manifest import build_manifest
 
-from peerproc import PeerSet, oracle, serve_args, signal_tree, wait_for
+from tests.helpers.oracle import oracle
+from tests.helpers.peers import PeerSet, serve_args, signal_tree, wait_for
 
 PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
 N_NEW = 48

@@ -12,9 +12,9 @@ import pytest
 
 from swarm.manifest import build_manifest
 from swarm.wire import Error, Forward, Token, Truncate, encode_frame
-from tests.parity.synthetic import N_EMBD, N_LAYERS_HYBRID, write_synthetic
+from tests.helpers.synthetic import N_EMBD, N_LAYERS_HYBRID, write_synthetic
 
-from peerproc import PeerSet, RawClient, serve_args
+from tests.helpers.peers import PeerSet, RawClient, serve_args
 
 
 def hidden(n: int, seed: int = 0) -> np.ndarray:

@@ -23,7 +23,8 @@ from swarm.p2p import MAX_FRAME_BYTES
 from swarm.limits import MAX_FORWARD_TOKENS
 from swarm.wire import PROTOCOL_GENERATION, Close, Error, ErrorCode, Forward, Hidden, Token, encode_frame
 
-from peerproc import PeerSet, RawClient, oracle, serve_args
+from tests.helpers.oracle import oracle
+from tests.helpers.peers import PeerSet, RawClient, serve_args
 
 PROMPT = "The three most important inventions of the twentieth century are"
 N_EMBD = 576

@@ -13,7 +13,8 @@ import sys
 
 from swarm import Client
 
-from peerproc import oracle, serve_args, wait_for
+from tests.helpers.oracle import oracle
+from tests.helpers.peers import serve_args, wait_for
 
 PROMPT = "The capital of France is"
 

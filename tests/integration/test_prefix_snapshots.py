@@ -13,7 +13,8 @@ import pytest
 
 from swarm import Client
 from swarm.localswarm import PeerSet
-from tests.integration.peerproc import oracle, serve_args, wait_for
+from tests.helpers.oracle import oracle
+from tests.helpers.peers import serve_args, wait_for
 
 pytestmark = pytest.mark.slow
 

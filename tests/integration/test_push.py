@@ -22,7 +22,8 @@ from swarm.wire import Attach, Chain, Error, ErrorCode, Forward, Hidden, Open, O
 
 from swarm import Client
 
-from peerproc import PeerSet, RawClient, oracle, serve_args
+from tests.helpers.oracle import oracle
+from tests.helpers.peers import PeerSet, RawClient, serve_args
 
 RNG = np.random.default_rng(11)
 ROWS = RNG.standard_normal((5, 576)).astype(np.float32)

@@ -23,7 +23,8 @@ from swarm.peer.announce import EXPIRY_PERIODS
 from swarm.peerid import peer_id_of_public_key
 from swarm.wire import Close, encode_frame
 
-from peerproc import PeerSet, RawClient, descendants, oracle, serve_args, wait_for
+from tests.helpers.oracle import oracle
+from tests.helpers.peers import PeerSet, RawClient, descendants, serve_args, wait_for
 
 PROMPT = "The capital of France is"
 N_NEW = 16

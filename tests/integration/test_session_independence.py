@@ -22,7 +22,7 @@ from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.manifest import build_manifest
 from swarm.wire import Close, Forward, Token, encode_frame
 
-from peerproc import PeerSet, RawClient, serve_args
+from tests.helpers.peers import PeerSet, RawClient, serve_args
 
 PROMPT_LENGTHS = (7, 70, 100, 131, 190)
 N_DECODE = 12

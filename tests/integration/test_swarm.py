@@ -7,25 +7,13 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
 from swarm import Client
 from swarm.client.directory import DHTDirectory
 
-from peerproc import PeerSet, oracle, serve_args
+from tests.helpers.oracle import oracle
+from tests.helpers.peers import serve_args
 
 PROMPT = "The three most important inventions of the twentieth century are"
-
-
-@pytest.fixture(scope="module")
-def smol_swarm(smollm2_path, tmp_path_factory):
-    """A first peer serving 0:10 plus peers for 10:20 and 20:30 of SmolLM2."""
-    ps = PeerSet(tmp_path_factory.mktemp("smol_swarm"))
-    first = ps.start("p0", *serve_args(smollm2_path, "0:10", "--new-swarm"))
-    ps.start("p1", *serve_args(smollm2_path, "10:20", "--initial-peers", first.maddrs[0]))
-    ps.start("p2", *serve_args(smollm2_path, "20:30", "--initial-peers", first.maddrs[0]))
-    yield ps
-    ps.stop_all()
 
 
 def test_three_span_route_matches_llama_cpp(smol_swarm, smollm2_path):

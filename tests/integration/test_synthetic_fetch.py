@@ -21,7 +21,7 @@ from swarm.artifacts.session import ArtifactSession
 from swarm.artifacts.torrent import make_torrent
 from swarm.ggml_bridge.slicing import build_span
 from swarm.manifest import build_manifest
-from tests.parity.synthetic import write_synthetic
+from tests.helpers.synthetic import write_synthetic
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 

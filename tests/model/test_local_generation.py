@@ -10,6 +10,7 @@ import pytest
 
 from swarm import Client
 from swarm.errors import Busy, RequestError
+from tests.helpers.oracle import oracle
 
 PROMPT = "The three most important inventions of the twentieth century are"
 
@@ -17,9 +18,7 @@ PROMPT = "The three most important inventions of the twentieth century are"
 @pytest.mark.parametrize("fixture", ["smollm2_path", "qwen_path"])
 def test_greedy_equals_llama_cpp_create_completion(fixture, request):
     path = request.getfixturevalue(fixture)
-    oracle = llama_cpp.Llama(model_path=str(path), n_ctx=2048, n_threads=2, flash_attn=True, verbose=False)
-    expected = oracle.create_completion(PROMPT, max_tokens=32, temperature=0.0)["choices"][0]["text"]
-    del oracle
+    expected = oracle(path, PROMPT, 32, n_ctx=2048, n_threads=2)
     client = Client(str(path), local=True, n_ctx=2048, n_threads=2)
     got = client.generate(PROMPT, max_new_tokens=32, temperature=0.0)
     assert got.text == expected

@@ -1,22 +1,18 @@
 """A chain of span executors equals llama.cpp's whole model, bit for bit, on the real models.
 
 Chain: TokenEmbedder -> SpanExecutor per span -> logits of the last span. The oracle is the
-whole model fed token ids (see conftest.py). One runner, parametrized over (model, cuts).
+whole model fed token ids (tests/helpers/oracle.py). One runner (tests/helpers/chains.py),
+parametrized over (model, cuts).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from swarm.ggml_bridge.embed import TokenEmbedder
-from swarm.ggml_bridge.executor import SpanExecutor
-from swarm.ggml_bridge.slicing import read_span_layers
-from tests.parity.conftest import N_DECODE, N_THREADS
-
-TOL = 1e-4
+from tests.helpers.chains import TOL, chain_forward, open_chain
+from tests.helpers.oracle import N_DECODE
 
 CASES = [
     ("smollm2-135m", (15,)),
@@ -27,26 +23,6 @@ CASES = [
     ("gemma3-270m", (7,)),
     ("gemma3-270m", (4, 11)),
 ]
-
-
-def open_chain(model_path: Path, cuts: tuple[int, ...], span_cache: Path, n_seq_max: int = 2,
-               n_batch: int = 512) -> list[SpanExecutor]:
-    """Executors for the spans between `cuts`, in layer order."""
-    _, n_layers = read_span_layers(model_path)
-    bounds = [0, *cuts, n_layers]
-    return [SpanExecutor.for_span(model_path, a, b, n_ctx_tokens=256, n_seq_max=n_seq_max,
-                                  n_threads=N_THREADS, cache_dir=span_cache, n_batch=n_batch)
-            for a, b in zip(bounds, bounds[1:])]
-
-
-def chain_forward(chain: list[SpanExecutor], embedder: TokenEmbedder, seq_id: int, pos0: int,
-                  ids: list[int], all_logits: bool = False) -> np.ndarray:
-    """Embed `ids` and push them through every span; returns the last span's logits."""
-    h = embedder.embed(ids)
-    for ex in chain[:-1]:
-        h = ex.forward(seq_id, pos0, h)
-        assert h.shape == (len(ids), ex.n_embd)
-    return chain[-1].forward(seq_id, pos0, h, all_logits=all_logits)
 
 
 @pytest.mark.parametrize("model,cuts", CASES, ids=[f"{m}-{'-'.join(map(str, c))}" for m, c in CASES])

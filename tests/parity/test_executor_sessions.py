@@ -11,7 +11,7 @@ import pytest
 from swarm.errors import ExecutorError
 from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.models import resolve_model
-from tests.parity.test_chain_parity import TOL, chain_forward, open_chain
+from tests.helpers.chains import TOL, chain_forward, open_chain
 
 CUTS = (15,)
 N_STEPS = 8

@@ -16,7 +16,7 @@ import pytest
 from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.kv.prefix import PREFIX_BLOCK_TOKENS
 from swarm.models import resolve_model
-from tests.parity.test_chain_parity import chain_forward, open_chain
+from tests.helpers.chains import chain_forward, open_chain
 
 B = PREFIX_BLOCK_TOKENS
 

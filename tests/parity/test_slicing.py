@@ -83,6 +83,7 @@ def test_cache_reuse_and_bad_spans(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]
 
 
+@pytest.mark.slow
 def test_gemma_sliding_window_pattern_written_per_layer(tmp_path):
     path = resolve_model("gemma3-270m")
     span = build_span(path, 4, 11, cache_dir=tmp_path)

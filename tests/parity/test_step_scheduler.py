@@ -19,7 +19,8 @@ from swarm.errors import ExecutorError
 from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
 from swarm.models import resolve_model
 from swarm.peer.scheduler import StepScheduler, exact_batch_cap
-from tests.parity.test_chain_parity import N_THREADS, open_chain
+from tests.helpers.chains import open_chain
+from tests.helpers.oracle import N_THREADS
 
 N_SESSIONS = 8
 N_STEPS = 12
@@ -112,6 +113,7 @@ def test_eight_concurrent_sessions_equal_their_solo_runs(smol, prompts, span_cac
         assert min(biggest) >= 2
 
 
+@pytest.mark.slow
 def test_repacked_weights_batch_only_as_far_as_exact(oracle_for, span_cache):
     qwen = resolve_model("qwen2.5-coder-0.5b")
     embedder = TokenEmbedder(qwen)
@@ -217,6 +219,7 @@ def test_a_prefill_failing_in_a_later_chunk_is_rolled_back_whole(smol, span_cach
         ex.close()
 
 
+@pytest.mark.slow
 def test_recorded_steps_in_one_call_equal_them_sent_one_by_one(oracle_for, smol, span_cache):
     """A failover's replay (wire.Forward.steps): a prompt step and 40 decode steps given in one call
     compute exactly as they did one by one. Qwen2.5's repacked Q4_K kernels make this the hard case:

@@ -1,9 +1,9 @@
 """Every architecture with a synthetic model: chains of 2 and 3 spans through every legal cut equal
 llama.cpp's whole model bit for bit (prefill logits of every prompt token, 32 greedy decode steps).
 
-No download: the models come from `tests/parity/synthetic.py` (tiny, random weights, byte vocab),
-written once per session. The runner is the one of `test_chain_parity.py`; the oracle is
-`conftest.run_oracle` (llama.cpp's whole model fed token ids, flash attention on).
+No download: the models come from `tests/helpers/synthetic.py` (tiny, random weights, byte vocab),
+written once per session. The runner is `tests/helpers/chains.py`, as in `test_chain_parity.py`; the
+oracle is `tests.helpers.oracle.run_oracle` (llama.cpp's whole model fed token ids, flash attention on).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from swarm.manifest import build_manifest
 from swarm.route.placement import choose_span
 from swarm.route.plan import PeerSpan
 from swarm.span_rules import has_split_rules, span_refusal
-from tests.parity.conftest import N_DECODE
+from tests.helpers.oracle import N_DECODE
 from gguf import GGUFReader, GGUFValueType
 
 from swarm.errors import ExecutorError, ModelError, RequestError, UnsupportedArchitecture
-from tests.parity.synthetic import SPECS, write_synthetic
-from tests.parity.test_chain_parity import chain_forward, open_chain
+from tests.helpers.synthetic import SPECS, write_synthetic
+from tests.helpers.chains import chain_forward, open_chain
 
 # byte-level vocab: one token per byte (+ BOS); 96 tokens, longer than gemma3's window (8) and the
 # DSA indexer's top_k (16), so both really select
@@ -158,8 +158,8 @@ def test_synthetic_deepseek4_runs_whole_but_is_refused_by_slicing_and_serve(tmp_
     import sys
 
     from swarm.ggml_bridge.executor import ExecutorConfig, SpanExecutor
-    from tests.parity.conftest import run_oracle
-    from tests.parity.synthetic import WHOLE_ONLY
+    from tests.helpers.oracle import run_oracle
+    from tests.helpers.synthetic import WHOLE_ONLY
 
     path = write_synthetic("deepseek4", tmp_path / "deepseek4.gguf", spec=WHOLE_ONLY["deepseek4"]())
     oracle = run_oracle(path, SYNTH_PROMPT)
@@ -189,8 +189,8 @@ def test_synthetic_deepseek2_lite_spans_equal_the_whole_model(tmp_path, span_cac
     q_lora_rank unless the block count is 26 or 27, so neither the file nor a plain slice of it
     loads; every span gets `q_lora_rank = 0` written (ArchRow.default_keys). Oracle: the same
     weights with the key in the file, whole, token input."""
-    from tests.parity.conftest import run_oracle
-    from tests.parity.synthetic import deepseek2_lite, with_layers
+    from tests.helpers.oracle import run_oracle
+    from tests.helpers.synthetic import deepseek2_lite, with_layers
 
     lite = deepseek2_lite()
     path = write_synthetic("deepseek2", tmp_path / "lite.gguf", spec=lite)
@@ -208,8 +208,8 @@ def test_synthetic_deepseek2_lite_spans_equal_the_whole_model(tmp_path, span_cac
 
 
 def test_synthetic_deepseek2_refuses_lengths_llama_cpp_takes_for_lite_and_mtp_files(tmp_path):
-    from tests.parity.synthetic import SPECS as specs
-    from tests.parity.synthetic import with_layers
+    from tests.helpers.synthetic import SPECS as specs
+    from tests.helpers.synthetic import with_layers
 
     path = write_synthetic("deepseek2", tmp_path / "ds28.gguf", spec=with_layers(specs["deepseek2"](), 28))
     with pytest.raises(ValueError, match="of 27 layers: llama.cpp takes a deepseek2 file of 26, 27 or 48"):
@@ -227,9 +227,9 @@ def test_synthetic_glm_dsa_without_indexer_types_uses_llama_cpps_table_by_global
     """No `attention.indexer.types` and a 1M context: llama.cpp takes GLM-5.2's built-in table by the
     index in the file (1, 1, 1, 0, 0 for 5 layers). Spans may start only at 0, 1 or 2, and a span
     file lists its layers' types explicitly, so the chain equals the whole model."""
-    from tests.parity.conftest import run_oracle
-    from tests.parity.synthetic import SPECS as specs
-    from tests.parity.synthetic import with_layers
+    from tests.helpers.oracle import run_oracle
+    from tests.helpers.synthetic import SPECS as specs
+    from tests.helpers.synthetic import with_layers
 
     base = specs["glm-dsa"]()
     spec = with_layers(base, base.n_layers, (("context_length", 1048576, GGUFValueType.UINT32, None),),

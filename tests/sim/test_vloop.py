@@ -7,6 +7,7 @@ import pytest
 from sim import vloop
 from sim.records import EXPIRY_PERIODS, RecordBoard
 from swarm.route.plan import PeerSpan
+from tests.helpers.factories import peer_span
 
 
 def test_concurrent_tasks_interleave_in_virtual_time():
@@ -46,7 +47,7 @@ def test_waiting_for_what_never_comes_is_a_deadlock_not_a_hang():
 
 
 def _span(peer_id: str, start: int = 0, end: int = 4) -> PeerSpan:
-    return PeerSpan(peer_id, start, end, 10.0, 100.0, 1000, 4)
+    return peer_span(peer_id, start, end)
 
 
 def test_records_appear_after_the_delay_vanish_on_withdraw_and_linger_after_a_crash():

@@ -8,13 +8,13 @@ import asyncio
 
 from swarm.kv.budget import SpanBudget
 from swarm.peer.rebalance import Drain, Rebalancer
-from swarm.route.plan import PeerSpan
+from tests.helpers.factories import peer_span
 
 RATE = 120.0
 
 
 def span(pid, start, end):
-    return PeerSpan(pid, start, end, RATE / (end - start), 100.0, 1000, 4)
+    return peer_span(pid, start, end, decode=RATE / (end - start))
 
 
 class World:

@@ -6,11 +6,11 @@ import random
 import pytest
 
 from swarm.route.chains import analyze_chains, routable_throughput, span_graph
-from swarm.route.plan import PeerSpan
+from tests.helpers.factories import peer_span
 
 
 def span(pid, start, end, speed=10.0):
-    return PeerSpan(pid, start, end, speed, 100.0, 1000, 4)
+    return peer_span(pid, start, end, decode=speed)
 
 
 def test_covered_but_unchainable_swarm_names_both_dead_ends():

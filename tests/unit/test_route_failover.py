@@ -8,6 +8,7 @@ import pytest
 
 from swarm.route.failover import Exclusions, FailoverPolicy, backoff_s, step_timeout_s
 from swarm.route.plan import PeerSpan
+from tests.helpers.factories import peer_span
 
 POLICY = FailoverPolicy(
     backoff_base_s=0.1, backoff_cap_s=2.0, step_timeout_floor_s=3.0, step_timeout_slack=8.0
@@ -15,7 +16,7 @@ POLICY = FailoverPolicy(
 
 
 def span(decode: float = 100.0, prefill: float = 1000.0, rtt_ms: float | None = 10.0) -> PeerSpan:
-    return PeerSpan("p", 0, 10, decode, prefill, 4096, 1, rtt_ms)
+    return peer_span("p", 0, 10, decode=decode, prefill=prefill, cache=4096, slots=1, rtt_ms=rtt_ms)
 
 
 def test_first_attempt_is_immediate_then_backoff_doubles_with_jitter_up_to_the_cap():

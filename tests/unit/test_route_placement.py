@@ -11,12 +11,13 @@ from swarm.kv.budget import SpanBudget
 from swarm.route.chains import analyze_chains, reachable_boundaries, routable_throughput
 from swarm.route.placement import chain_gap, choose_span, rebalance
 from swarm.route.plan import PeerSpan
+from tests.helpers.factories import peer_span
 
 RATE = 120.0  # layer steps/s of every test peer
 
 
 def span(pid, start, end, rate=RATE):
-    return PeerSpan(pid, start, end, rate / (end - start), 100.0, 1000, 4)
+    return peer_span(pid, start, end, decode=rate / (end - start))
 
 
 def budget(n_layers, fits_layers, head_layers=0):

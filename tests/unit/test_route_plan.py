@@ -3,20 +3,12 @@
 import pytest
 
 from swarm.errors import NoRoute, RequestError, SessionTooLong
-from swarm.route.plan import DEFAULT_RTT_MS, PeerSpan, layer_ranges, plan_route
+from swarm.route.plan import DEFAULT_RTT_MS, layer_ranges, plan_route
+from tests.helpers.factories import peer_span
 
 
 def span(pid, start, end, steps=100.0, rtt=10.0, cache=10_000, slots=4, prefill=1000.0):
-    return PeerSpan(
-        pid,
-        start,
-        end,
-        decode_steps_per_s=steps,
-        prefill_tokens_per_s=prefill,
-        free_cache_tokens=cache,
-        sessions_free=slots,
-        rtt_ms=rtt,
-    )
+    return peer_span(pid, start, end, decode=steps, prefill=prefill, cache=cache, slots=slots, rtt_ms=rtt)
 
 
 def chain(plan):

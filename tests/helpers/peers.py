@@ -1,4 +1,5 @@
-"""Helpers for tests with real peers: peer processes (the ones `swarm demo` uses), the oracle, raw streams."""
+"""Helpers for tests with real peers: peer processes (the ones `swarm demo` uses), their `serve`
+arguments, raw span streams, and polling with a deadline. The oracles are in `oracle.py`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import os
 import time
 from typing import Callable, TypeVar
 
-import llama_cpp
 import pytest
 
 from swarm.client.loop import LoopThread
@@ -22,7 +22,6 @@ __all__ = [
     "PeerSet",
     "RawClient",
     "descendants",
-    "oracle",
     "serve_args",
     "signal_tree",
     "start_peer",
@@ -62,11 +61,6 @@ def wait_for(
             pytest.fail(f"{what}: not within {deadline_s:.0f} s; last observed: {value!r:.2000}")
         time.sleep(interval_s)  # the poll interval of this wait, not a synchronisation
         interval_s = min(2 * interval_s, 0.5)
-
-
-def oracle(path, prompt: str, n: int) -> str:
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=1, flash_attn=True, verbose=False)
-    return llm.create_completion(prompt, max_tokens=n, temperature=0.0)["choices"][0]["text"]
 
 
 def serve_args(path, layers: str, *extra: str) -> tuple[str, ...]:

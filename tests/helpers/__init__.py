@@ -1,0 +1,9 @@
+"""Helpers shared by the test suite, imported one way: `from tests.helpers.<module> import ...`.
+
+- chains.py: span executor chains in-process (the parity runner's open and forward).
+- factories.py: test data built in one place (`peer_span`: a peer's announced span).
+- markers.py: the cost markers (quick, model, peers, slow) and the rule that puts them on every test.
+- oracle.py: llama.cpp's whole-model references (completion text; prompt and step logits), cached per session.
+- peers.py: peer processes and their `serve` arguments, raw span streams, polling with a deadline.
+- synthetic.py: tiny synthetic GGUF models of every architecture swarm.arch has a row for.
+"""

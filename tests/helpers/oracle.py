@@ -1,0 +1,114 @@
+"""The oracles: llama.cpp's ordinary whole-model path (llama-cpp-python `Llama`), the reference every
+swarm, span chain and local backend output is compared with.
+
+Two kinds, each computed once per session for the same inputs, and each loading a model once:
+- `oracle(path, prompt, n)`: the greedy completion text (`create_completion`, temperature 0).
+- `logits_oracle(path)`: logits of every prompt token, then N_DECODE greedy steps (the parity tests').
+
+A cached `Llama` is `reset()` before every completion, so no run reuses another's KV cache: each
+answer is the one a freshly loaded model gives. This module does not start peers or build spans.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+N_THREADS = 2
+N_DECODE = 32
+PROMPT = (
+    "def fibonacci(n):\n"
+    '    """Return the n-th Fibonacci number, computed iteratively."""\n'
+    "    a, b = 0, 1\n"
+    "    for _ in range(n):\n"
+    "        a, b = b, a + b\n"
+    "    return a\n\n"
+    "class Stack:\n"
+    '    """A last-in, first-out container backed by a Python list."""\n'
+    "    def __init__(self):\n"
+)
+
+
+@functools.cache
+def _llama(path: str, n_ctx: int, n_threads: int) -> llama_cpp.Llama:
+    """One loaded model per (file, context, threads) for the session; held until the process ends."""
+    return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, flash_attn=True, verbose=False)
+
+
+@functools.cache
+def _completion(path: str, prompt: str, n: int, n_ctx: int, n_threads: int) -> str:
+    llm = _llama(path, n_ctx, n_threads)
+    llm.reset()  # no prefix reuse: the prompt is evaluated from position 0, as by a fresh model
+    return llm.create_completion(prompt, max_tokens=n, temperature=0.0)["choices"][0]["text"]
+
+
+def oracle(path: Path | str, prompt: str, n: int, *, n_ctx: int = 1024, n_threads: int = 1) -> str:
+    """llama.cpp's greedy completion of `prompt`: `n` new tokens at most, as text.
+
+    Args:
+        path: the whole model's GGUF file.
+        prompt: the text to complete (tokenized by llama.cpp, with BOS where the model adds one).
+        n: max new tokens.
+        n_ctx, n_threads: the `Llama` settings (flash attention is always on, as in the span executors).
+    Returns:
+        the completion text; the same call later in the session returns the cached text.
+    """
+    return _completion(str(path), prompt, n, n_ctx, n_threads)
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """Whole-model reference run.
+
+    Attributes:
+        prompt: token ids of the prompt (with BOS where the model adds one).
+        prefill_logits: [len(prompt), n_vocab] float32, logits of every prompt token.
+        tokens: the N_DECODE greedy tokens that follow the prompt.
+        step_logits: [N_DECODE, n_vocab] float32; row i = logits after feeding tokens[i].
+    """
+
+    prompt: list[int]
+    prefill_logits: np.ndarray
+    tokens: list[int]
+    step_logits: np.ndarray
+
+
+def run_oracle(model_path: Path, text: str = PROMPT) -> Oracle:
+    """Prompt + greedy decode on llama.cpp's whole model, token input (2 threads, flash attention,
+    otherwise default settings), on a model loaded for this run only: no cache (see `logits_oracle`).
+
+    Raises:
+        AssertionError: the prompt is shorter than 64 tokens (the parity tests cut prefills there).
+    """
+    llm = llama_cpp.Llama(str(model_path), n_ctx=256, n_threads=N_THREADS, n_threads_batch=N_THREADS,
+                          logits_all=True, flash_attn=True, verbose=False)
+    try:
+        prompt = llm.tokenize(text.encode(), add_bos=True)
+        assert len(prompt) >= 64, len(prompt)
+        llm.eval(prompt)
+        prefill = np.array(llm.scores[: len(prompt)], dtype=np.float32)
+        tokens, steps = [], []
+        nxt = int(np.argmax(prefill[-1]))
+        for _ in range(N_DECODE):
+            tokens.append(nxt)
+            llm.eval([nxt])
+            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            steps.append(row)
+            nxt = int(np.argmax(row))
+        return Oracle(prompt=list(prompt), prefill_logits=prefill, tokens=tokens, step_logits=np.stack(steps))
+    finally:
+        llm.close()
+
+
+@functools.cache
+def _logits_oracle(path: str, text: str) -> Oracle:
+    return run_oracle(Path(path), text)
+
+
+def logits_oracle(model_path: Path | str, text: str = PROMPT) -> Oracle:
+    """`run_oracle`, computed once per (model, text) per session."""
+    return _logits_oracle(str(model_path), text)
