@@ -28,7 +28,7 @@ import numpy as np
 
 from swarm.dht.node import SwarmDHT
 from swarm.direct import DirectServer, dial, direct_maddrs
-from swarm.p2p import StreamSession
+from swarm.p2p import FramedStream
 
 ECHO = "/bench/echo/1"
 FRAME_SIZES = {"smollm2_hidden": 2304, "qwen05_hidden": 3584, "64KiB": 65536}
@@ -46,7 +46,7 @@ def summary_ms(times_s: list[float]) -> dict[str, float]:
     }
 
 
-async def echo(stream: StreamSession) -> None:
+async def echo(stream: FramedStream) -> None:
     while True:
         await stream.send(await stream.recv())
 
@@ -90,7 +90,7 @@ async def run(round_trips: int, tmp: Path) -> dict:
         await server.shutdown()
 
 
-async def echo_sizes(stream: StreamSession, round_trips: int) -> dict:
+async def echo_sizes(stream: FramedStream, round_trips: int) -> dict:
     """Round-trip times of `round_trips` echoes of each FRAME_SIZES frame on `stream`."""
     out = {}
     for name, size in FRAME_SIZES.items():

@@ -16,7 +16,7 @@ Setup (one per hop and session):
    does not open, and the stream ends with ProtocolError. Only the two ends know the key (it crossed
    libp2p's encrypted stream), so the stream is as authenticated as a libp2p one.
 
-The framing is swarm.p2p's (`StreamSession` with a `FrameCipher`), so stream handlers cannot tell a
+The framing is swarm.p2p's (`FramedStream` with a `FrameCipher`), so stream handlers cannot tell a
 direct stream from a libp2p one.
 """
 
@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from swarm.errors import AddressError, PeerTimeout, PeerUnreachable, ProtocolError, SwarmError
 from swarm.limits import DIRECT_PROTOCOL, MAX_FRAME_BYTES
 from swarm.netaddr import maddr_host_port
-from swarm.p2p import StreamHandler, StreamSession, SwarmP2P
+from swarm.p2p import StreamHandler, FramedStream, SwarmP2P
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class DirectServer:
             self._server.close()
             await self._server.wait_closed()
 
-    async def _issue(self, stream: StreamSession) -> None:
+    async def _issue(self, stream: FramedStream) -> None:
         protocol = (await stream.recv(HELLO_TIMEOUT_S)).decode("ascii", "replace")
         if protocol not in self._handlers:
             raise ProtocolError(f"no direct streams for protocol {protocol[:_MAX_PROTOCOL_CHARS]!r}")
@@ -201,7 +201,7 @@ class DirectServer:
             writer.close()
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        hello = StreamSession("(unauthenticated)", DIRECT_PROTOCOL, reader, writer, TICKET_BYTES)
+        hello = FramedStream("(unauthenticated)", DIRECT_PROTOCOL, reader, writer, TICKET_BYTES)
         try:
             ticket = await hello.recv(HELLO_TIMEOUT_S)
         except SwarmError as e:
@@ -215,7 +215,7 @@ class DirectServer:
                         writer.get_extra_info("peername"))
             await hello.close()
             return
-        session = StreamSession(grant.peer_id, grant.protocol, reader, writer, MAX_FRAME_BYTES,
+        session = FramedStream(grant.peer_id, grant.protocol, reader, writer, MAX_FRAME_BYTES,
                                 cipher=AeadFrameCipher(grant.key, initiator=False))
         await self._transport.run_handler(self._handlers[grant.protocol], session)
 
@@ -232,7 +232,7 @@ async def dial(
     endpoints: Iterable[str],
     protocol: str,
     timeout_s: float,
-) -> StreamSession:
+) -> FramedStream:
     """Open a direct stream to `peer_id` for `protocol`: a ticket over libp2p, then TCP.
 
     Args:
@@ -243,7 +243,7 @@ async def dial(
         protocol: the stream protocol to speak (the peer must offer it directly).
         timeout_s: the whole setup's bound; one endpoint's dial is bounded by DIAL_TIMEOUT_S too.
     Returns:
-        an open StreamSession whose frames are sealed (close it).
+        an open FramedStream whose frames are sealed (close it).
     Raises:
         PeerUnreachable: no ticket, or no endpoint accepted a connection (fall back to libp2p).
         PeerTimeout: the setup took over timeout_s.
@@ -267,9 +267,9 @@ async def dial(
                 except (OSError, TimeoutError) as e:
                     errors.append(f"{host}:{port}: {e or 'timed out'}")
                     continue
-                hello = StreamSession(peer_id, protocol, reader, writer, TICKET_BYTES)
+                hello = FramedStream(peer_id, protocol, reader, writer, TICKET_BYTES)
                 await hello.send(ticket)
-                return StreamSession(peer_id, protocol, reader, writer, MAX_FRAME_BYTES,
+                return FramedStream(peer_id, protocol, reader, writer, MAX_FRAME_BYTES,
                                      cipher=AeadFrameCipher(key, initiator=True))
     except TimeoutError:
         raise PeerTimeout(f"direct stream to {peer_id[:12]}… not set up within {timeout_s:.1f} s") from None
@@ -280,7 +280,7 @@ class OpenedStream(NamedTuple):
     """What `open_stream` opened: the stream, its kind ("direct" or "libp2p"), and why a direct
     stream was not opened when endpoints were tried ("" otherwise)."""
 
-    stream: StreamSession
+    stream: FramedStream
     kind: str
     direct_error: str = ""
 

@@ -47,10 +47,10 @@ class FrameCipher(Protocol):
         """The next received frame, opened. Raises ProtocolError when it is not authentic."""
 
 
-class StreamSession:
+class FramedStream:
     """One open stream to one remote peer, carrying length-prefixed frames both ways.
 
-    Use one sender and one receiver task at a time. Every failure closes the session.
+    Use one sender and one receiver task at a time. Every failure closes the stream.
 
     Attributes:
         remote_peer_id: base58 peer id of the other end, authenticated by libp2p (or, on a direct
@@ -194,14 +194,14 @@ class StreamSession:
         except (ConnectionError, OSError):
             pass
 
-    async def __aenter__(self) -> "StreamSession":
+    async def __aenter__(self) -> "FramedStream":
         return self
 
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
 
 
-StreamHandler = Callable[[StreamSession], Awaitable[None]]
+StreamHandler = Callable[[FramedStream], Awaitable[None]]
 
 
 class SwarmP2P:
@@ -238,7 +238,7 @@ class SwarmP2P:
         """
 
         async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            session = StreamSession(info.peer_id.to_base58(), info.proto, reader, writer, max_frame_bytes)
+            session = FramedStream(info.peer_id.to_base58(), info.proto, reader, writer, max_frame_bytes)
             await self.run_handler(handler, session)
 
         try:
@@ -246,7 +246,7 @@ class SwarmP2P:
         except P2PDaemonError as e:
             raise PeerUnreachable(f"cannot serve {protocol_name}: {e}") from e
 
-    async def run_handler(self, handler: StreamHandler, session: StreamSession) -> None:
+    async def run_handler(self, handler: StreamHandler, session: FramedStream) -> None:
         """Run `handler(session)` as one of this instance's handlers (cancelled by `close`), then close
         the session. StreamClosed ends it quietly; other errors are logged and end this stream only.
         Also serves streams that arrive by other ways (swarm.direct)."""
@@ -286,7 +286,7 @@ class SwarmP2P:
         protocol_name: str,
         *,
         max_frame_bytes: int = MAX_FRAME_BYTES,
-    ) -> StreamSession:
+    ) -> FramedStream:
         """Open a stream to `peer_id` for `protocol_name`.
 
         Args:
@@ -296,7 +296,7 @@ class SwarmP2P:
             protocol_name: the name the server passed to serve().
             max_frame_bytes: largest frame this side accepts or sends on the new stream.
         Returns:
-            an open StreamSession (close it, or use `async with`).
+            an open FramedStream (close it, or use `async with`).
         Raises:
             ProtocolError: peer_id or an address is malformed.
             PeerUnreachable: the peer cannot be dialled or does not serve `protocol_name`.
@@ -309,7 +309,7 @@ class SwarmP2P:
             _, reader, writer = await self._p2p.call_binary_stream_handler(remote, protocol_name)
         except (P2PDaemonError, ConnectionError, OSError) as e:
             raise PeerUnreachable(f"cannot open {protocol_name} to {peer_id}: {e}") from e
-        return StreamSession(peer_id, protocol_name, reader, writer, max_frame_bytes)
+        return FramedStream(peer_id, protocol_name, reader, writer, max_frame_bytes)
 
     async def ping(
         self, peer_id: str, addrs: Iterable[str] = (), *, rounds: int = 3, timeout_s: float = 5.0
@@ -333,7 +333,7 @@ class SwarmP2P:
         return best_s * 1000.0
 
 
-async def _echo_until_closed(stream: StreamSession) -> None:
+async def _echo_until_closed(stream: FramedStream) -> None:
     """Ping responder: echo frames until the prober closes."""
     while True:
         await stream.send(await stream.recv())

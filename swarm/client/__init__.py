@@ -4,7 +4,8 @@ api.py         `Client`: generate / stream / chat on the swarm or locally
 generate.py    the generation loop shared by both backends: limits, deltas, stop, telemetry
 local.py       whole-model llama.cpp engine (local=True)
 session.py     one generation's route: sticky hops, push chaining, failover by replay (links, clock injected)
-link.py        the link protocol a route session drives (send / recv), its directory, Error frames as exceptions
+link.py        the link protocol a route session drives (send / recv), its directory, Error frames
+               as exceptions
 remote.py      the swarm engine (a RouteSession per generation) and `connect_swarm` (joining for a model)
 loop.py        the client's asyncio loop in a background thread, for synchronous callers
 connection.py  the client's DHT node (client mode) on that loop

@@ -63,7 +63,9 @@ from swarm.route.plan import Hop, PeerSpan, layer_ranges, plan_route
 from swarm.route.replay import clip_steps, replay_frames, split_steps
 from swarm.route.restore import CannotRestore, rebuild_rows, restore_point
 from swarm.sampling import SamplingParams
-from swarm.wire import MAX_CHAIN_ADDRS, MAX_FORWARD_STEPS, Chain, Error, Forward, Frame, Hidden, Open, OpenOk, Token
+from swarm.wire import (
+    MAX_CHAIN_ADDRS, MAX_FORWARD_STEPS, Chain, Error, Forward, Frame, Hidden, Open, OpenOk, Token,
+)
 
 
 @dataclass(frozen=True)
@@ -405,7 +407,8 @@ class RouteSession:
             try:
                 hops, spans = await self._plan(start, end, fresh=plan_fresh(attempt, fresh))
             except NoRoute as e:
-                action = after_no_route(attempt, self.policy, opening=fresh, too_long=isinstance(e, SessionTooLong))
+                action = after_no_route(attempt, self.policy, opening=fresh,
+                                        too_long=isinstance(e, SessionTooLong))
                 if action is NoRouteAction.RETRY:
                     continue
                 if action is NoRouteAction.RAISE_GONE:

@@ -19,7 +19,7 @@ from swarm.dht.node import SwarmDHT
 from swarm.direct import open_stream
 from swarm.errors import PeerTimeout, PeerUnreachable, SwarmError
 from swarm.limits import SPAN_PROTOCOL
-from swarm.p2p import StreamSession
+from swarm.p2p import FramedStream
 from swarm.wire import Close, Error, Frame, decode_frame, encode_frame
 
 CLOSE_TIMEOUT_S = 2.0
@@ -33,7 +33,7 @@ class P2PLink:
     """`HopLink` over one framed stream (libp2p, or direct TCP: swarm.direct), frames encoded with
     swarm.wire and length-prefixed by swarm.p2p."""
 
-    def __init__(self, peer_id: str, stream: StreamSession, transport: str = "libp2p",
+    def __init__(self, peer_id: str, stream: FramedStream, transport: str = "libp2p",
                  direct_error: str = ""):
         self.peer_id, self._stream, self.transport = peer_id, stream, transport
         self.direct_error = direct_error

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from swarm.errors import Busy, ExecutorError, ProtocolError, RequestError, SwarmError
 from swarm.kv.prefix import owner_scoped
 from swarm.kv.sessions import SessionSlot
-from swarm.p2p import StreamSession
+from swarm.p2p import FramedStream
 from swarm.peer import rules
 from swarm.peer.push import OPEN_TIMEOUT_S, Dial, PushState, send_error, serve_push
 from swarm.peer.scheduler import StepOutput
@@ -92,12 +92,12 @@ class _Session:
     slot: SessionSlot
     sampling: SamplingParams
     prefixes: _Prefixes
-    client: StreamSession
+    client: FramedStream
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     push: PushState = field(default_factory=PushState)
 
 
-async def handle_stream(streams: PeerStreams, stream: StreamSession) -> None:
+async def handle_stream(streams: PeerStreams, stream: FramedStream) -> None:
     """Serve one client stream until Close, disconnect, idle timeout or shutdown."""
     streams.open.add(stream)
     session: _Session | None = None
@@ -127,7 +127,7 @@ async def handle_stream(streams: PeerStreams, stream: StreamSession) -> None:
                 await streams.span.release(session.slot.session_id)
 
 
-async def handle_push(streams: PeerStreams, stream: StreamSession) -> None:
+async def handle_push(streams: PeerStreams, stream: FramedStream) -> None:
     """Serve one push stream from the previous hop of a chained session (`swarm.peer.push.serve_push`)."""
     await serve_push(stream, streams.live, streams.idle_timeout_s,
                      lambda session, frame: _answer(streams, session, frame))
@@ -148,7 +148,7 @@ async def _answer(streams: PeerStreams, session: _Session, frame) -> None:
         pass  # the client is gone: its stream's handler ends the session
 
 
-async def _open(span: Span, stream: StreamSession) -> tuple[SessionSlot, SamplingParams, _Prefixes] | None:
+async def _open(span: Span, stream: FramedStream) -> tuple[SessionSlot, SamplingParams, _Prefixes] | None:
     """Read the stream's Open, admit its session and answer OpenOk; None when refused (answered)."""
     data = await stream.recv(OPEN_TIMEOUT_S)
     try:

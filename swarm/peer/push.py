@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from swarm.errors import PeerUnreachable, ProtocolError, RequestError, SwarmError
-from swarm.p2p import StreamSession
+from swarm.p2p import FramedStream
 from swarm.peer.rules import accepts_pushed, chain_refusal
 from swarm.wire import Attach, Chain, Error, ErrorCode, Forward, OpenOk, decode_frame, encode_frame
 
@@ -37,7 +37,7 @@ PUSH_SETUP_WAIT_S = 1.0
 """The first push of a chain waits at most this long for the push stream to open; then that step,
 and any later one while it is still opening, is not pushed (the client relays it)."""
 
-Dial = Callable[[str, tuple[str, ...], tuple[str, ...]], Awaitable[StreamSession]]
+Dial = Callable[[str, tuple[str, ...], tuple[str, ...]], Awaitable[FramedStream]]
 """Opens a PUSH_PROTOCOL stream to (peer id, multiaddrs, direct endpoints)."""
 
 
@@ -127,7 +127,7 @@ class PushState:
             return False
 
 
-async def _connect(dial: Dial, chain: Chain) -> StreamSession:
+async def _connect(dial: Dial, chain: Chain) -> FramedStream:
     """A push stream to the next hop of `chain`, attached to its session.
 
     Raises:
@@ -147,7 +147,7 @@ async def _connect(dial: Dial, chain: Chain) -> StreamSession:
     return stream
 
 
-async def serve_push(stream: StreamSession, live: Mapping[bytes, object], idle_timeout_s: float,
+async def serve_push(stream: FramedStream, live: Mapping[bytes, object], idle_timeout_s: float,
                      answer: Callable[[object, Forward], Awaitable[None]]) -> None:
     """Serve one push stream from the previous hop of a chained session.
 
@@ -197,7 +197,7 @@ async def serve_push(stream: StreamSession, live: Mapping[bytes, object], idle_t
                              frame.step, frame.pos0, session.slot.pos)
 
 
-async def send_error(stream: StreamSession, code: ErrorCode, message: str) -> None:
+async def send_error(stream: FramedStream, code: ErrorCode, message: str) -> None:
     """Send an Error frame, unless the stream is gone already (nothing to tell then)."""
     try:
         await stream.send(encode_frame(Error(code, message)))

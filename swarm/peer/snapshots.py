@@ -227,7 +227,7 @@ class PrefixService:
         return None
 
     async def serve_fetch(self, stream, tamper: str | None = None) -> None:
-        """Answer one fetch request on `stream` (a swarm.p2p.StreamSession). `tamper`: test hook,
+        """Answer one fetch request on `stream` (a swarm.p2p.FramedStream). `tamper`: test hook,
         a key of TAMPERS: the payload sent is damaged that way."""
         try:
             req = msgpack.unpackb(await stream.recv(10.0), raw=False)

@@ -63,6 +63,8 @@ def rebuild_rows(
     Returns:
         One block per step, in position order; None when there is nothing to replay.
     """
-    rows = [] if prefix is None else [prefix[i : i + chunk_tokens] for i in range(0, prefix.shape[0], chunk_tokens)]
+    rows = [] if prefix is None else [
+        prefix[i : i + chunk_tokens] for i in range(0, prefix.shape[0], chunk_tokens)
+    ]
     rows += clip_steps(recorded, 0, n_recorded)
     return rows or None

@@ -12,7 +12,7 @@ import pytest
 from swarm.client.loop import LoopThread
 from swarm.dht.node import SwarmDHT
 from swarm.localswarm import PeerProcess, PeerSet, descendants, signal_tree, start_peer
-from swarm.p2p import PeerUnreachable, StreamSession
+from swarm.p2p import PeerUnreachable, FramedStream
 from swarm.limits import SPAN_PROTOCOL
 from swarm.sampling import SamplingParams
 from swarm.wire import Open, OpenOk, decode_frame, encode_frame
@@ -91,22 +91,22 @@ class RawClient:
             SwarmDHT.start(peer.maddrs, client_mode=True, data_dir=str(tmp)), 60
         )
 
-    def stream(self) -> StreamSession:
+    def stream(self) -> FramedStream:
         opening = self.dht.transport.open_stream(self.peer.peer_id, self.peer.maddrs, SPAN_PROTOCOL)
         return self.loop.run(opening, 30)
 
-    def send(self, stream: StreamSession, data: bytes) -> None:
+    def send(self, stream: FramedStream, data: bytes) -> None:
         self.loop.run(stream.send(data), 30)
 
-    def recv(self, stream: StreamSession, timeout_s: float = REPLY_S):
+    def recv(self, stream: FramedStream, timeout_s: float = REPLY_S):
         """The next frame from the peer, decoded; `timeout_s` only guards against a hang."""
         return decode_frame(self.loop.run(stream.recv(timeout_s), timeout_s + 5))
 
-    def ask(self, stream: StreamSession, data: bytes, timeout_s: float = REPLY_S):
+    def ask(self, stream: FramedStream, data: bytes, timeout_s: float = REPLY_S):
         self.send(stream, data)
         return self.recv(stream, timeout_s)
 
-    def assert_closed(self, stream: StreamSession) -> None:
+    def assert_closed(self, stream: FramedStream) -> None:
         """The peer ended this stream: the next read finds it closed (no frame, no hang)."""
         with pytest.raises(PeerUnreachable):
             self.loop.run(stream.recv(REPLY_S), REPLY_S + 5)
@@ -132,7 +132,7 @@ class RawClient:
             )
         )
 
-    def open_session(self, max_tokens: int = 64) -> StreamSession:
+    def open_session(self, max_tokens: int = 64) -> FramedStream:
         s = self.stream()
         reply = self.ask(s, self.open_frame(max_tokens=max_tokens))
         assert reply == OpenOk(reserved_tokens=max_tokens)

@@ -12,7 +12,7 @@ import pytest
 from swarm.dht.node import SwarmDHT
 from swarm.direct import TICKET_BYTES, AeadFrameCipher, DirectServer, dial, direct_maddrs
 from swarm.errors import PeerUnreachable, ProtocolError, SwarmError
-from swarm.p2p import StreamSession
+from swarm.p2p import FramedStream
 
 ECHO = "/test/direct-echo/1"
 HEADER = struct.Struct(">I")
@@ -26,7 +26,7 @@ class Observed:
         self.frames: list[bytes] = []
         self.errors: list[BaseException] = []
 
-    async def echo(self, stream: StreamSession) -> None:
+    async def echo(self, stream: FramedStream) -> None:
         self.peers.append(stream.remote_peer_id)
         try:
             while True:

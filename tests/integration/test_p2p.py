@@ -11,7 +11,7 @@ import pytest
 
 from swarm.dht.node import SwarmDHT
 from swarm.errors import PeerTimeout, ProtocolError
-from swarm.p2p import PeerUnreachable, StreamClosed, StreamSession
+from swarm.p2p import PeerUnreachable, StreamClosed, FramedStream
 
 ECHO = "/test/echo/1"
 WHOAMI = "/test/whoami/1"
@@ -28,16 +28,16 @@ class Server:
         self.exited = asyncio.Event()
         self.errors: list[BaseException] = []
 
-    async def echo(self, stream: StreamSession) -> None:
+    async def echo(self, stream: FramedStream) -> None:
         while True:
             await stream.send(await stream.recv())
 
-    async def whoami(self, stream: StreamSession) -> None:
+    async def whoami(self, stream: FramedStream) -> None:
         await stream.send(stream.remote_peer_id.encode())
         while True:
             await stream.send(await stream.recv())
 
-    async def small(self, stream: StreamSession) -> None:
+    async def small(self, stream: FramedStream) -> None:
         try:
             while True:
                 await stream.send(await stream.recv())
@@ -45,7 +45,7 @@ class Server:
             self.errors.append(e)
             raise
 
-    async def tracked(self, stream: StreamSession) -> None:
+    async def tracked(self, stream: FramedStream) -> None:
         try:
             while True:
                 await stream.send(await stream.recv())
@@ -140,7 +140,7 @@ def test_oversized_frame_closes_only_that_stream(loop, peers):
 def test_oversized_send_is_refused_on_the_sender(loop, peers):
     server, c1, _ = peers
 
-    async def run() -> StreamSession:
+    async def run() -> FramedStream:
         stream = await c1.transport.open_stream(server.node.peer_id, (), ECHO, max_frame_bytes=100)
         with pytest.raises(ProtocolError):
             await stream.send(b"a" * 101)
@@ -182,7 +182,7 @@ def test_peer_dying_mid_stream_is_a_clear_error(loop, tmp_path):
         got_frame = asyncio.Event()
         try:
 
-            async def silent(stream: StreamSession) -> None:
+            async def silent(stream: FramedStream) -> None:
                 await stream.recv()
                 got_frame.set()
                 await asyncio.Event().wait()  # never answers
