@@ -250,6 +250,11 @@ def test_a_strangers_plain_value_does_not_erase_the_swarm(loop, nodes):
     refreshed = lambda got: [x.start for x in got] == [0]  # noqa: E731
     found = poll(loop, lambda: c.get_announcements(model), "C sees B's refresh", refreshed)
     assert [x.peer_id for x in found] == [b.peer_id]
+    # a span past the model's 30 layers passes the validators (they do not know the model) but a
+    # reader that knows the layer count drops it
+    loop.run_until_complete(b.announce(announcement(b, model, start=25, end=31), expiration_s=60))
+    poll(loop, lambda: c.get_announcements(model), "C sees 25:31", lambda got: [x.end for x in got] == [31])
+    assert loop.run_until_complete(c.get_announcements(model, 30)) == []
 
 
 def test_identity_persists_per_data_dir(loop, tmp_path):
