@@ -14,7 +14,8 @@ so cannot tell a swarm key from another; a plain value under `swarm/<model_id>/s
 replace every peer's announcement at once. A record may not expire more than limits.MAX_RECORD_TTL_S
 past now (so a stranger cannot pin a record for years), an announcement's span must satisfy
 0 <= start < end <= limits.MAX_LAYERS (the model's own layer count is checked by readers, which know
-it), and a subkey ends with its one owner marker (so one key owns one announcement subkey per key).
+it), an announcement lies under the spans key of the model it names, and a subkey ends with its one
+owner marker (so one signing key owns one announcement subkey per DHT key).
 
 `bound_entries` is the reader's bound on how many records of one key it accepts.
 
@@ -28,6 +29,7 @@ from typing import Any, Callable, Optional
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPublicKey
@@ -38,6 +40,7 @@ from swarm.dht.records import (
     MAX_BLOB_BYTES,
     MAX_BLOB_NAME_BYTES,
     Announcement,
+    announcements_key,
     decode_announcement,
 )
 from swarm.limits import MAX_RECORD_TTL_S, MAX_SUBKEYS_PER_KEY, MAX_SUBKEYS_PER_OWNER
@@ -99,10 +102,12 @@ def check_announcement(subkey: bytes, value: Any) -> Optional[Announcement]:
     return ann
 
 
-def record_is_valid(subkey: Any, value: Any, expiration_time: float, now: float) -> bool:
+def record_is_valid(key: bytes, subkey: Any, value: Any, expiration_time: float, now: float) -> bool:
     """The swarm's check of one decoded, signature-checked record (see module docstring); pure.
 
     Args:
+        key: the DHT key's id as hivemind hashes it (DHTID bytes); an announcement must sit under the
+            spans key of the model it names.
         subkey: the decoded subkey (None for a plain value).
         value: the decoded value (None for a tombstone).
         expiration_time: the record's expiration, DHT time (s).
@@ -114,7 +119,10 @@ def record_is_valid(subkey: Any, value: Any, expiration_time: float, now: float)
     if not expiration_time <= now + MAX_RECORD_TTL_S:
         return False
     if is_announcement_subkey(subkey):
-        return value is None or check_announcement(subkey, value) is not None
+        if value is None:
+            return True
+        ann = check_announcement(subkey, value)
+        return ann is not None and DHTID.generate(source=announcements_key(ann.model_id)).to_bytes() == key
     if blob_name(subkey) is not None and owner_public_key(subkey) is not None:
         return value is None or (isinstance(value, bytes) and len(value) <= MAX_BLOB_BYTES)
     return False
@@ -154,7 +162,7 @@ class SwarmRecordValidator(RecordValidatorBase):
             value = MSGPackSerializer.loads(record.value)
         except Exception:  # msgpack raises several unrelated types on garbage; hivemind writes msgpack only
             return False
-        return record_is_valid(subkey, value, record.expiration_time, self._clock())
+        return record_is_valid(record.key, subkey, value, record.expiration_time, self._clock())
 
     @property
     def priority(self) -> int:

@@ -7,6 +7,7 @@ import math
 
 import pytest
 from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import MSGPackSerializer
 from hivemind.utils.crypto import RSAPrivateKey
@@ -18,6 +19,7 @@ from swarm.dht.records import (
     MAX_BLOB_BYTES,
     MAX_LAYER,
     Announcement,
+    announcements_key,
     decode_announcement,
     encode_announcement,
 )
@@ -115,13 +117,21 @@ def test_encode_refuses_an_invalid_announcement():
 
 
 def _signed_record(
-    signer_key, subkey: bytes, value, *, marker_key=None, suffix: bytes = b"", expiration: float = 1e9
+    signer_key,
+    subkey: bytes,
+    value,
+    *,
+    marker_key=None,
+    suffix: bytes = b"",
+    expiration: float = 1e9,
+    key: bytes | None = None,
 ) -> DHTRecord:
-    """Build the DHTRecord a node with `signer_key` would send; the subkey carries `marker_key`'s marker
-    (then `suffix`)."""
+    """Build the DHTRecord a node with `signer_key` would send under `key` (by default the spans key of
+    make_ann's model); the subkey carries `marker_key`'s marker (then `suffix`)."""
+    key = key or DHTID.generate(source=announcements_key(make_ann().model_id)).to_bytes()
     marker = RSASignatureValidator(marker_key or signer_key).local_public_key
     packed_subkey = MSGPackSerializer.dumps(subkey + marker + suffix)
-    record = DHTRecord(b"k" * 20, packed_subkey, MSGPackSerializer.dumps(value), expiration)
+    record = DHTRecord(key, packed_subkey, MSGPackSerializer.dumps(value), expiration)
     signer = RSASignatureValidator(signer_key)
     signed_by = signer._private_key.sign(signer._serialize_record(record))
     return dataclasses.replace(record, value=record.value + b"[signature:" + signed_by + b"]")
@@ -231,3 +241,10 @@ def test_reader_bounds_subkeys_per_owner_and_per_key():
     assert min(e[2] for e in kept if e is not honest) == 100.0 + 50
     many = [(b"span[owner:K%d]" % i, None, 1.0) for i in range(MAX_SUBKEYS_PER_KEY + 10)]
     assert len(bound_entries(many)) == MAX_SUBKEYS_PER_KEY
+
+
+def test_validator_refuses_an_announcement_under_another_models_key():
+    good = encode_announcement(make_ann())
+    other_key = DHTID.generate(source=announcements_key("ab" * 16)).to_bytes()
+    assert not chain().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, good, key=other_key))
+    assert chain().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, None, key=other_key))  # a tombstone
