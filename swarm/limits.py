@@ -60,3 +60,18 @@ MAX_HEADER_BYTES): swarm/kv/prefix.py makes at most this many, swarm/wire.py ref
 
 PREFIX_HASH_BYTES = 32
 """Bytes of one prefix's chain hash (sha256, swarm/kv/prefix.py)."""
+
+# ---- DHT records (swarm/dht) -----------------------------------------------------------------------
+
+MAX_RECORD_TTL_S = 600.0
+"""Longest a DHT record may live past now, seconds: the validators every node runs refuse a later
+expiration. Covers an announcement (2.5 announce periods: 75 s at the default 30 s period, so periods up
+to 240 s) and the 300 s manifest and seeder blobs, while a stranger's record vanishes within 10 minutes."""
+
+MAX_SUBKEYS_PER_KEY = 4096
+"""Most subkeys a reader accepts under one DHT key (the validators bound each value's size: an
+announcement by its schema, a blob by MAX_BLOB_BYTES); more are dropped with a log line."""
+
+MAX_SUBKEYS_PER_OWNER = 128
+"""Most subkeys a reader accepts from one signing key under one DHT key (a publisher writes up to 64
+manifest parts; a peer one announcement): one key cannot crowd out the others."""

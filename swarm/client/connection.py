@@ -40,9 +40,10 @@ class SwarmConnection:
             self._tmp.cleanup()
             raise
 
-    def announcements(self, model_id: str) -> list[Announcement]:
-        """Live announcements for the model, as the DHT has them now."""
-        return self.loop.run(self.dht.get_announcements(model_id), timeout_s=30)
+    def announcements(self, model_id: str, n_layers: int | None = None) -> list[Announcement]:
+        """Live announcements for the model, as the DHT has them now (spans ending past `n_layers`,
+        when given, dropped)."""
+        return self.loop.run(self.dht.get_announcements(model_id, n_layers), timeout_s=30)
 
     def close(self) -> None:
         """Leave the DHT and stop the loop thread (idempotent)."""

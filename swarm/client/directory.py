@@ -31,12 +31,16 @@ class DHTDirectory:
     Successful RTTs are kept for the engine's life (a peer's RTT changes little); a failed probe is
     not kept, so the session excludes the peer for a while and it is probed again afterwards.
 
+    Args:
+        n_layers: the model's layer count; announcements of spans past it are dropped (None: unchecked).
+
     Attributes:
         rtt_ms: peer id -> measured round trip, ms.
     """
 
-    def __init__(self, dht: SwarmDHT, model_id: str, probe_timeout_s: float):
+    def __init__(self, dht: SwarmDHT, model_id: str, probe_timeout_s: float, n_layers: int | None = None):
         self._dht, self._model_id, self._probe_timeout_s = dht, model_id, probe_timeout_s
+        self._n_layers = n_layers
         self.rtt_ms: dict[str, float] = {}
         self._addrs: dict[str, tuple[str, ...]] = {}
         self._direct: dict[str, tuple[str, ...]] = {}
@@ -64,7 +68,7 @@ class DHTDirectory:
         if fresh or time.monotonic() - self._read_at > SNAPSHOT_MAX_AGE_S:
             try:
                 async with asyncio.timeout(DHT_READ_TIMEOUT_S):
-                    read = await self._dht.get_announcements(self._model_id)
+                    read = await self._dht.get_announcements(self._model_id, self._n_layers)
             except TimeoutError:
                 raise SwarmError(f"the DHT did not answer within {DHT_READ_TIMEOUT_S:.0f} s") from None
             # A read can miss live records (a frozen DHT node delays stores and answers): a record

@@ -81,7 +81,9 @@ class RemoteEngine:
         self.policy = policy or FailoverPolicy(replay_chunk_tokens=prefill_chunk_tokens)
         ctx = int(manifest.hparams.get(f"{manifest.arch}.context_length", MAX_CONTEXT_TOKENS))
         self.context_limit = min(ctx, MAX_CONTEXT_TOKENS)
-        self.directory = DHTDirectory(conn.dht, manifest.model_id, self.policy.probe_timeout_s)
+        self.directory = DHTDirectory(
+            conn.dht, manifest.model_id, self.policy.probe_timeout_s, n_layers=manifest.n_layers
+        )
         self.exclusions = Exclusions(self.policy.exclusion_s)
         self.transport = P2PTransport(conn.dht, self.directory)
         self.push = True

@@ -197,7 +197,7 @@ def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
     conn = SwarmConnection(initial_peers)
     try:
         manifest = model_manifest(conn, model)
-        peers = conn.announcements(manifest.model_id)
+        peers = conn.announcements(manifest.model_id, manifest.n_layers)
         rtt_ms = conn.loop.run(_ping_all(conn, peers), timeout_s=PING_TIMEOUT_S * 4)
     finally:
         conn.close()

@@ -40,12 +40,16 @@ from swarm.dht.records import (
     announcements_key,
     encode_announcement,
 )
-from swarm.dht.validation import SwarmRecordValidator, blob_name, check_announcement, owner_public_key
+from swarm.dht.validation import SwarmRecordValidator, blob_name, bound_entries, check_announcement
+from swarm.dht.validation import owner_public_key
 from swarm.errors import ProtocolError, SwarmError
+from swarm.limits import MAX_RECORD_TTL_S
 from swarm.netaddr import NetConfig, check_net_config, reachable_first, tcp_multiaddr
 from swarm.p2p import SwarmP2P
 from swarm.peerid import peer_id_of_public_key
 from swarm.proctree import die_with_parent
+
+logger = logging.getLogger(__name__)
 
 TOMBSTONE_TTL_S = 10.0
 """A withdrawal record lives at least this long (seconds) and always past the announcement it replaces."""
@@ -180,18 +184,18 @@ class SwarmDHT:
 
         Args:
             ann: the offer; its peer_id must be this node's; its expires_at is replaced.
-            expiration_s: lifetime in seconds from now (> 0).
+            expiration_s: lifetime in seconds from now, in (0, limits.MAX_RECORD_TTL_S].
         Returns:
             the announcement as stored: expires_at is DHT time now + expiration_s, or just after this
             peer's previous record for the model if that expires later (e.g. a recent withdrawal).
         Raises:
-            ProtocolError: the announcement violates the record schema or names another peer id.
+            ProtocolError: the announcement violates the record schema, names another peer id, or
+                expiration_s is out of range.
             DHTError: no DHT node accepted the record.
         """
         if ann.peer_id != self.peer_id:
             raise ProtocolError(f"announcement names peer {ann.peer_id}, this node is {self.peer_id}")
-        if not expiration_s > 0:
-            raise ProtocolError(f"expiration_s must be > 0, got {expiration_s}")
+        _check_expiration(expiration_s)
         stored_at = await self._store_own_span(
             ann.model_id,
             get_dht_time() + expiration_s,
@@ -246,18 +250,25 @@ class SwarmDHT:
         self._last_expiration[memo] = expires_at
         return expires_at
 
-    async def get_announcements(self, model_id: str) -> list[Announcement]:
+    async def get_announcements(self, model_id: str, n_layers: Optional[int] = None) -> list[Announcement]:
         """Latest live announcements for `model_id`, one per peer, sorted by (start, peer_id).
 
         Every returned record was signed by the key of its peer_id, matches the schema, names this
-        model and has not expired; anything else (forged, malformed, tombstones) is dropped.
+        model and has not expired; anything else (forged, malformed, tombstones) is dropped. With
+        `n_layers` (the model's layer count, when the reader knows it), a span ending past it is
+        dropped too, with a log line.
         """
         now = get_dht_time()
         found = []
         for subkey, value, expires_at in await self._get_entries(announcements_key(model_id)):
             ann = check_announcement(subkey, value) if value is not None else None
-            if ann is not None and ann.model_id == model_id and min(ann.expires_at, expires_at) > now:
-                found.append(ann)
+            if ann is None or ann.model_id != model_id or min(ann.expires_at, expires_at) <= now:
+                continue
+            if n_layers is not None and ann.end > n_layers:
+                logger.warning("dropped %s…'s span %d:%d: the model has %d layers", ann.peer_id[:12],
+                               ann.start, ann.end, n_layers)
+                continue
+            found.append(ann)
         return sorted(found, key=lambda a: (a.start, a.peer_id))
 
     async def store_blob(self, key: str, subkey: str, value: Optional[bytes], expiration_s: float) -> None:
@@ -267,9 +278,9 @@ class SwarmDHT:
             key: any DHT key string, e.g. f"swarm/{model_id}/torrent".
             subkey: the writer's name for it, at most records.MAX_BLOB_NAME_BYTES UTF-8 bytes.
             value: at most records.MAX_BLOB_BYTES bytes; None erases an earlier blob.
-            expiration_s: lifetime in seconds from now (> 0).
+            expiration_s: lifetime in seconds from now, in (0, limits.MAX_RECORD_TTL_S].
         Raises:
-            ProtocolError: the name or value is too large, or expiration_s <= 0.
+            ProtocolError: the name or value is too large, or expiration_s is out of range.
             DHTError: no DHT node accepted the record.
         """
         name = subkey.encode("utf-8")
@@ -277,8 +288,7 @@ class SwarmDHT:
             raise ProtocolError(f"blob name {subkey!r} is too long or contains '['")
         if value is not None and (not isinstance(value, bytes) or len(value) > MAX_BLOB_BYTES):
             raise ProtocolError(f"blob value must be bytes of at most {MAX_BLOB_BYTES} bytes")
-        if not expiration_s > 0:
-            raise ProtocolError(f"expiration_s must be > 0, got {expiration_s}")
+        _check_expiration(expiration_s)
         # A restarted peer (same identity) may find its previous run's blob expiring later than the new
         # one; hivemind keeps the later one, so write just after it.
         await self._store_latest(
@@ -311,15 +321,26 @@ class SwarmDHT:
             )
 
     async def _get_entries(self, key: str) -> list[tuple[bytes, object, float]]:
-        """(subkey, value, expiration) of every subkey under `key`, newest copy found in the DHT."""
+        """(subkey, value, expiration) of the subkeys under `key`, newest copy found in the DHT, at most
+        MAX_SUBKEYS_PER_OWNER per signing key and MAX_SUBKEYS_PER_KEY in all (latest expiring first)."""
         result = await self._dht.get(key, latest=True, return_future=True)
         if result is None or not isinstance(result.value, dict):
             return []
-        return [
+        entries = [
             (subkey, item.value, item.expiration_time)
             for subkey, item in result.value.items()
             if isinstance(subkey, bytes)
         ]
+        kept = bound_entries(entries)
+        if len(kept) < len(entries):
+            logger.warning("kept %d of %d records under %r (per-key bounds)", len(kept), len(entries), key)
+        return kept
+
+
+def _check_expiration(expiration_s: float) -> None:
+    """Raises ProtocolError unless 0 < expiration_s <= MAX_RECORD_TTL_S (other nodes refuse more)."""
+    if not 0 < expiration_s <= MAX_RECORD_TTL_S:
+        raise ProtocolError(f"expiration_s must be in (0, {MAX_RECORD_TTL_S:.0f}] s, got {expiration_s}")
 
 
 def check_peer_maddr(addr: str) -> None:

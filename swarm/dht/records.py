@@ -16,9 +16,10 @@ import pydantic.v1 as pydantic
 from pydantic.v1 import confloat, conint, conlist, constr
 
 from swarm.errors import ProtocolError
-from swarm.limits import MAX_ADDR_CHARS
+from swarm.limits import MAX_ADDR_CHARS, MAX_LAYERS
 
-MAX_LAYER = 100_000
+MAX_LAYER = MAX_LAYERS
+"""Largest span end an announcement may name (limits.MAX_LAYERS, which bounds a model too)."""
 MAX_ADDRS = 16
 MAX_PUBLIC_NAME_CHARS = 64
 MAX_RATE = 1e9

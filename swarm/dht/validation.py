@@ -8,17 +8,30 @@ their *subkey*, which stays raw in a DHTRecord: `span[owner:...]` is an announce
 after hivemind's `RSASignatureValidator`, which checks the owner's signature, so honest nodes refuse
 unsigned, forged and malformed swarm records at store time; readers run the same checks again.
 
+The DHT of a swarm holds swarm records only: every record must be one of those two kinds, signed. A plain
+value (no subkey) or any other subkey is refused, because the validator sees only the hash of a key and
+so cannot tell a swarm key from another; a plain value under `swarm/<model_id>/spans` would otherwise
+replace every peer's announcement at once. A record may not expire more than limits.MAX_RECORD_TTL_S
+past now (so a stranger cannot pin a record for years), an announcement's span must satisfy
+0 <= start < end <= limits.MAX_LAYERS (the model's own layer count is checked by readers, which know
+it), an announcement lies under the spans key of the model it names, and a subkey ends with its one
+owner marker (so one signing key owns one announcement subkey per DHT key).
+
+`bound_entries` is the reader's bound on how many records of one key it accepts.
+
 This module does not store, fetch or decide anything about routes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import re
+from typing import Any, Callable, Optional
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from hivemind.utils import MSGPackSerializer
+from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPublicKey
 
 from swarm.dht.records import (
@@ -27,8 +40,10 @@ from swarm.dht.records import (
     MAX_BLOB_BYTES,
     MAX_BLOB_NAME_BYTES,
     Announcement,
+    announcements_key,
     decode_announcement,
 )
+from swarm.limits import MAX_RECORD_TTL_S, MAX_SUBKEYS_PER_KEY, MAX_SUBKEYS_PER_OWNER
 from swarm.peerid import peer_id_of_public_key
 
 
@@ -45,17 +60,31 @@ def owner_public_key(subkey: Any) -> Optional[RSAPublicKey]:
         return None
 
 
+_MARKER_RE = re.compile(RSASignatureValidator.PUBLIC_KEY_REGEX)
+
+
+def _ends_in_one_marker(rest: bytes) -> bool:
+    """True when `rest` is exactly one `[owner:...]` marker: nothing may follow it, so one key cannot
+    make endless distinct subkeys (tombstones included) by appending bytes."""
+    return _MARKER_RE.fullmatch(rest) is not None and len(_MARKER_RE.findall(rest)) == 1
+
+
 def is_announcement_subkey(subkey: Any) -> bool:
-    """True for subkeys of the form `span[owner:...]` (see records.ANNOUNCE_SUBKEY_TAG)."""
-    return isinstance(subkey, bytes) and subkey.startswith(ANNOUNCE_SUBKEY_TAG + b"[owner:")
+    """True for subkeys of the form `span[owner:...]` (see records.ANNOUNCE_SUBKEY_TAG), nothing after."""
+    return (
+        isinstance(subkey, bytes)
+        and subkey.startswith(ANNOUNCE_SUBKEY_TAG + b"[owner:")
+        and _ends_in_one_marker(subkey[len(ANNOUNCE_SUBKEY_TAG) :])
+    )
 
 
 def blob_name(subkey: Any) -> Optional[str]:
-    """The caller's name inside a `blob:<name>[owner:...]` subkey, or None if the subkey is not a blob's."""
+    """The caller's name inside a `blob:<name>[owner:...]` subkey (nothing after the marker), or None if
+    the subkey is not a blob's."""
     if not isinstance(subkey, bytes) or not subkey.startswith(BLOB_SUBKEY_TAG):
         return None
-    name, sep, _ = subkey[len(BLOB_SUBKEY_TAG) :].partition(b"[owner:")
-    if not sep or len(name) > MAX_BLOB_NAME_BYTES:
+    name, sep, rest = subkey[len(BLOB_SUBKEY_TAG) :].partition(b"[owner:")
+    if not sep or len(name) > MAX_BLOB_NAME_BYTES or not _ends_in_one_marker(sep + rest):
         return None
     try:
         return name.decode("utf-8")
@@ -73,11 +102,59 @@ def check_announcement(subkey: bytes, value: Any) -> Optional[Announcement]:
     return ann
 
 
+def record_is_valid(key: bytes, subkey: Any, value: Any, expiration_time: float, now: float) -> bool:
+    """The swarm's check of one decoded, signature-checked record (see module docstring); pure.
+
+    Args:
+        key: the DHT key's id as hivemind hashes it (DHTID bytes); an announcement must sit under the
+            spans key of the model it names.
+        subkey: the decoded subkey (None for a plain value).
+        value: the decoded value (None for a tombstone).
+        expiration_time: the record's expiration, DHT time (s).
+        now: DHT time now (s).
+    Returns:
+        True for a well-formed announcement or blob record (or its tombstone) that owns an owner marker
+        and expires at most MAX_RECORD_TTL_S after `now`; False for anything else.
+    """
+    if not expiration_time <= now + MAX_RECORD_TTL_S:
+        return False
+    if is_announcement_subkey(subkey):
+        if value is None:
+            return True
+        ann = check_announcement(subkey, value)
+        return ann is not None and DHTID.generate(source=announcements_key(ann.model_id)).to_bytes() == key
+    if blob_name(subkey) is not None and owner_public_key(subkey) is not None:
+        return value is None or (isinstance(value, bytes) and len(value) <= MAX_BLOB_BYTES)
+    return False
+
+
+def bound_entries(entries: list[tuple[bytes, object, float]]) -> list[tuple[bytes, object, float]]:
+    """The (subkey, value, expiration) entries a reader accepts from one key: latest expiring first, at
+    most MAX_SUBKEYS_PER_OWNER per owner marker and MAX_SUBKEYS_PER_KEY in all; pure."""
+    per_owner: dict[bytes, int] = {}
+    kept = []
+    for entry in sorted(entries, key=lambda e: -e[2]):
+        owner = entry[0].partition(b"[owner:")[2]
+        if per_owner.get(owner, 0) >= MAX_SUBKEYS_PER_OWNER:
+            continue
+        per_owner[owner] = per_owner.get(owner, 0) + 1
+        kept.append(entry)
+        if len(kept) == MAX_SUBKEYS_PER_KEY:
+            break
+    return kept
+
+
 class SwarmRecordValidator(RecordValidatorBase):
     """hivemind record validator for swarm's announcement and blob records (see module docstring).
 
-    Records whose subkey carries neither tag are left to other validators (returns True).
+    Every other record (a plain value, an unknown or unsigned subkey, a far expiration) is refused.
+
+    Args:
+        clock: DHT time now, seconds (hivemind's get_dht_time; tests pass a fixed one).
     """
+
+    def __init__(self, clock: Callable[[], float] = get_dht_time):
+        self._clock = clock
 
     def validate(self, record: DHTRecord) -> bool:
         try:
@@ -85,15 +162,7 @@ class SwarmRecordValidator(RecordValidatorBase):
             value = MSGPackSerializer.loads(record.value)
         except Exception:  # msgpack raises several unrelated types on garbage; hivemind writes msgpack only
             return False
-        if isinstance(subkey, bytes) and subkey.startswith(ANNOUNCE_SUBKEY_TAG):
-            if not is_announcement_subkey(subkey):
-                return False
-            return value is None or check_announcement(subkey, value) is not None
-        if isinstance(subkey, bytes) and subkey.startswith(BLOB_SUBKEY_TAG):
-            if blob_name(subkey) is None or owner_public_key(subkey) is None:
-                return False
-            return value is None or (isinstance(value, bytes) and len(value) <= MAX_BLOB_BYTES)
-        return True
+        return record_is_valid(record.key, subkey, value, record.expiration_time, self._clock())
 
     @property
     def priority(self) -> int:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from swarm.dht.records import MAX_PUBLIC_NAME_CHARS
 from swarm.errors import AddressError, SwarmError
-from swarm.limits import MAX_CONTEXT_TOKENS, MAX_LAYERS
+from swarm.limits import MAX_CONTEXT_TOKENS, MAX_LAYERS, MAX_RECORD_TTL_S
+from swarm.peer.announce import EXPIRY_PERIODS
 from swarm.netaddr import NetConfig, check_net_config
 from swarm.peer.scheduler import INLINE_MAX_MS
 
@@ -36,7 +37,8 @@ class ServeConfig:
         memory_bytes: bytes for the span's weights and KV cache, which size the span when `layers`
             is None (`swarm.kv.budget.SpanBudget`).
         max_layers: an extra cap on the span's length when `layers` is None (None: memory decides).
-        announce_period_s: seconds between announcement refreshes; records expire after 2.5 periods.
+        announce_period_s: seconds between announcement refreshes; records expire after 2.5 periods
+            (so at most limits.MAX_RECORD_TTL_S / 2.5 = 240 s).
         public_name: optional display name in the announcement.
         rebalance_period_s: seconds between re-evaluations of a chosen span (0: never move).
         prefix_cache_bytes: memory budget for prefix KV snapshots (0: keep none, restore none).
@@ -109,6 +111,11 @@ def check_config(cfg: ServeConfig) -> NetConfig:
         if not number or not 0 <= value < math.inf or (value == 0 and not zero_ok):
             bound = ">= 0" if zero_ok else "> 0"
             raise SwarmError(f"{name} must be a finite number of seconds {bound}, got {value!r:.40}")
+    if cfg.announce_period_s * EXPIRY_PERIODS > MAX_RECORD_TTL_S:  # DHT nodes refuse longer-lived records
+        raise SwarmError(
+            f"announce_period_s must be at most {MAX_RECORD_TTL_S / EXPIRY_PERIODS:.0f} s (a record lives "
+            f"{EXPIRY_PERIODS} periods, at most {MAX_RECORD_TTL_S:.0f} s), got {cfg.announce_period_s}"
+        )
     if cfg.public_name is not None and not _printable_utf8(cfg.public_name, MAX_PUBLIC_NAME_CHARS):
         raise SwarmError(
             f"public name must be printable UTF-8 text of 1..{MAX_PUBLIC_NAME_CHARS} characters, "

@@ -228,6 +228,35 @@ def test_forged_unsigned_and_malformed_records_are_rejected(loop, nodes, tmp_pat
         forger.shutdown()
 
 
+def test_a_strangers_plain_value_does_not_erase_the_swarm(loop, nodes):
+    """issue 24: a plain value (no subkey) stored for 10 years under a model's spans key by a third,
+    plain hivemind node replaced the dictionary of every peer's announcement. Now every node refuses
+    it (and unsigned junk subkeys), C still lists B, and B's refresh is still accepted."""
+    a, b, c = nodes
+    model = "d1" * 16
+    key = announcements_key(model)
+    loop.run_until_complete(b.announce(announcement(b, model), expiration_s=60))
+    poll(loop, lambda: c.get_announcements(model), "C sees B's announcement", lambda got: len(got) == 1)
+
+    stranger = hivemind.DHT(initial_peers=a.visible_maddrs(), start=True, client_mode=True)
+    try:
+        ten_years = get_dht_time() + 10 * 365 * 86400
+        assert stranger.store(key, {"erased": True}, ten_years) is False
+        assert stranger.store(key, b"x" * 1000, get_dht_time() + 60, subkey=b"junk0") is False
+    finally:
+        stranger.shutdown()
+    assert [x.peer_id for x in loop.run_until_complete(c.get_announcements(model))] == [b.peer_id]
+    loop.run_until_complete(b.announce(announcement(b, model, start=0), expiration_s=60))
+    refreshed = lambda got: [x.start for x in got] == [0]  # noqa: E731
+    found = poll(loop, lambda: c.get_announcements(model), "C sees B's refresh", refreshed)
+    assert [x.peer_id for x in found] == [b.peer_id]
+    # a span past the model's 30 layers passes the validators (they do not know the model) but a
+    # reader that knows the layer count drops it
+    loop.run_until_complete(b.announce(announcement(b, model, start=25, end=31), expiration_s=60))
+    poll(loop, lambda: c.get_announcements(model), "C sees 25:31", lambda got: [x.end for x in got] == [31])
+    assert loop.run_until_complete(c.get_announcements(model, 30)) == []
+
+
 def test_identity_persists_per_data_dir(loop, tmp_path):
     async def peer_id_of(data_dir) -> str:
         node = await SwarmDHT.start(data_dir=data_dir)

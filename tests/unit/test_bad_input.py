@@ -451,6 +451,7 @@ def test_manifest_garbage_never_escapes_as_another_exception(data):
         ({"max_layers": 0}, "max_layers"),
         ({"announce_period_s": 0.0}, "announce_period_s must be a finite number of seconds > 0"),
         ({"announce_period_s": math.inf}, "announce_period_s"),
+        ({"announce_period_s": 241.0}, "announce_period_s must be at most 240 s"),
         ({"rebalance_period_s": -1.0}, "rebalance_period_s must be a finite number of seconds >= 0"),
         ({"public_name": ""}, "public name must be printable UTF-8 text of 1..64"),
         ({"public_name": "a\nb"}, "public name"),

@@ -7,6 +7,7 @@ import math
 
 import pytest
 from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import MSGPackSerializer
 from hivemind.utils.crypto import RSAPrivateKey
@@ -18,11 +19,13 @@ from swarm.dht.records import (
     MAX_BLOB_BYTES,
     MAX_LAYER,
     Announcement,
+    announcements_key,
     decode_announcement,
     encode_announcement,
 )
-from swarm.dht.validation import SwarmRecordValidator, check_announcement
+from swarm.dht.validation import SwarmRecordValidator, bound_entries, check_announcement
 from swarm.errors import ProtocolError
+from swarm.limits import MAX_LAYERS, MAX_RECORD_TTL_S, MAX_SUBKEYS_PER_KEY, MAX_SUBKEYS_PER_OWNER
 from swarm.peerid import peer_id_of_public_key
 
 KEY = RSAPrivateKey()
@@ -113,11 +116,22 @@ def test_encode_refuses_an_invalid_announcement():
         encode_announcement(make_ann(start=5, end=5))
 
 
-def _signed_record(signer_key, subkey: bytes, value, *, marker_key=None) -> DHTRecord:
-    """Build the DHTRecord a node with `signer_key` would send; the subkey carries `marker_key`'s marker."""
+def _signed_record(
+    signer_key,
+    subkey: bytes,
+    value,
+    *,
+    marker_key=None,
+    suffix: bytes = b"",
+    expiration: float = 1e9,
+    key: bytes | None = None,
+) -> DHTRecord:
+    """Build the DHTRecord a node with `signer_key` would send under `key` (by default the spans key of
+    make_ann's model); the subkey carries `marker_key`'s marker (then `suffix`)."""
+    key = key or DHTID.generate(source=announcements_key(make_ann().model_id)).to_bytes()
     marker = RSASignatureValidator(marker_key or signer_key).local_public_key
-    packed_subkey = MSGPackSerializer.dumps(subkey + marker)
-    record = DHTRecord(b"k" * 20, packed_subkey, MSGPackSerializer.dumps(value), 1e9)
+    packed_subkey = MSGPackSerializer.dumps(subkey + marker + suffix)
+    record = DHTRecord(key, packed_subkey, MSGPackSerializer.dumps(value), expiration)
     signer = RSASignatureValidator(signer_key)
     signed_by = signer._private_key.sign(signer._serialize_record(record))
     return dataclasses.replace(record, value=record.value + b"[signature:" + signed_by + b"]")
@@ -153,9 +167,58 @@ def test_validator_rejects_forged_unsigned_malformed_and_impersonating_records()
     assert not chain().validate(_signed_record(KEY, BLOB_SUBKEY_TAG + b"x", b"\x00" * (MAX_BLOB_BYTES + 1)))
 
 
-def test_validator_leaves_foreign_records_alone():
+NOW = 1.8e9
+"""A fixed DHT time for the expiration checks."""
+
+
+def chain_at(now: float = NOW) -> CompositeValidator:
+    return CompositeValidator([RSASignatureValidator(KEY), SwarmRecordValidator(clock=lambda: now)])
+
+
+def test_validator_refuses_foreign_records():
+    """The swarm's DHT holds swarm records only (the validator cannot tell a swarm key from its hash)."""
     plain = DHTRecord(b"k" * 20, MSGPackSerializer.dumps(b"other"), MSGPackSerializer.dumps([1, 2]), 1e9)
-    assert chain().validate(plain)
+    assert not chain().validate(plain)
+
+
+def test_validator_refuses_a_plain_value_without_subkey():
+    """issue 24: one plain value under swarm/<model>/spans replaced every peer's announcement."""
+    good = encode_announcement(make_ann())
+    for value in (good, b"x", None, {}):
+        plain = DHTRecord(b"k" * 20, MSGPackSerializer.dumps(None), MSGPackSerializer.dumps(value), NOW + 60)
+        assert not chain_at().validate(plain)
+
+
+def test_validator_refuses_unsigned_subkeys():
+    """Any subkey without one owner marker ending it: junk, a bare tag, or bytes after the marker."""
+    marker = RSASignatureValidator(KEY).local_public_key
+    junk = MSGPackSerializer.dumps(b"\0" * 1000)
+    trailing = (ANNOUNCE_SUBKEY_TAG + marker + b"x", b"blob:x" + marker + b"y")
+    for subkey in (b"junk0001", b"blob:x", b"span", *trailing):
+        record = DHTRecord(b"k" * 20, MSGPackSerializer.dumps(subkey), junk, NOW + 60)
+        assert not chain_at().validate(record), subkey
+    # appended bytes make another subkey, even when signed by the marker's owner
+    assert not chain_at().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, None, suffix=b"x"))
+    assert not chain_at().validate(_signed_record(KEY, BLOB_SUBKEY_TAG + b"n", b"v", suffix=b"x"))
+
+
+def test_validator_refuses_far_expirations():
+    good = encode_announcement(make_ann())
+    ten_years = NOW + 10 * 365 * 86400
+    last = NOW + MAX_RECORD_TTL_S
+    kinds = ((ANNOUNCE_SUBKEY_TAG, good), (ANNOUNCE_SUBKEY_TAG, None), (BLOB_SUBKEY_TAG + b"b", b"v"))
+    for subkey, value in kinds:
+        assert not chain_at().validate(_signed_record(KEY, subkey, value, expiration=ten_years))
+        assert not chain_at().validate(_signed_record(KEY, subkey, value, expiration=last + 1))
+        assert chain_at().validate(_signed_record(KEY, subkey, value, expiration=last))
+
+
+@pytest.mark.parametrize("start, end", [(0, 100_000), (25, MAX_LAYERS + 1), (MAX_LAYERS, MAX_LAYERS + 1)])
+def test_validator_refuses_spans_outside_any_model(start, end):
+    bad = dict(encode_announcement(make_ann()), start=start, end=end)
+    assert not chain_at().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, bad, expiration=NOW + 60))
+    good = dict(bad, start=0, end=MAX_LAYERS)
+    assert chain_at().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, good, expiration=NOW + 60))
 
 
 def test_check_announcement_binds_peer_id_to_subkey_owner():
@@ -165,3 +228,23 @@ def test_check_announcement_binds_peer_id_to_subkey_owner():
     assert check_announcement(ANNOUNCE_SUBKEY_TAG + marker, record) == make_ann()
     assert check_announcement(ANNOUNCE_SUBKEY_TAG + other_marker, record) is None
     assert check_announcement(ANNOUNCE_SUBKEY_TAG + marker + other_marker, record) is None
+
+
+def test_reader_bounds_subkeys_per_owner_and_per_key():
+    """A reader keeps at most MAX_SUBKEYS_PER_OWNER records of one key owner and MAX_SUBKEYS_PER_KEY
+    in all, latest expiring first (the validators already bound each value's size)."""
+    flood = [(b"blob:%d[owner:K1]" % i, b"v", 100.0 + i) for i in range(MAX_SUBKEYS_PER_OWNER + 50)]
+    honest = (b"span[owner:K2]", {"x": 1}, 50.0)
+    kept = bound_entries(flood + [honest])
+    assert honest in kept
+    assert len(kept) == MAX_SUBKEYS_PER_OWNER + 1
+    assert min(e[2] for e in kept if e is not honest) == 100.0 + 50
+    many = [(b"span[owner:K%d]" % i, None, 1.0) for i in range(MAX_SUBKEYS_PER_KEY + 10)]
+    assert len(bound_entries(many)) == MAX_SUBKEYS_PER_KEY
+
+
+def test_validator_refuses_an_announcement_under_another_models_key():
+    good = encode_announcement(make_ann())
+    other_key = DHTID.generate(source=announcements_key("ab" * 16)).to_bytes()
+    assert not chain().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, good, key=other_key))
+    assert chain().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, None, key=other_key))  # a tombstone
