@@ -187,16 +187,16 @@ async def _open(span: Span, stream: FramedStream) -> tuple[SessionSlot, Sampling
 async def _dispatch(streams: PeerStreams, session: _Session, frame):
     span, slot, prefixes = streams.span, session.slot, session.prefixes
     if isinstance(frame, Forward):
-        if frame.restore:
-            await span.restore(slot, frame.restore, prefixes.restorable.get(frame.restore))
         why = rules.forward_size_refusal(frame.n_tokens)
         if why is not None:
             raise RequestError(why)
         if rules.rewinds(frame.pos0, frame.rewind, slot.pos):
             await span.truncate(slot, frame.pos0)
         all_logits = frame.want_logits and frame.all_logits
+        restore = (frame.restore, prefixes.restorable.get(frame.restore)) if frame.restore else None
         reply = await span.forward(slot, frame.pos0, frame.hidden, all_logits=all_logits, steps=frame.steps,
-                                   finish=lambda out: _reply(span, frame, out, session.sampling))
+                                   finish=lambda out: _reply(span, frame, out, session.sampling),
+                                   restore=restore)
         if span.prefixes is not None and rules.keeps_prefix(prefixes.offers, prefixes.kept, slot.pos):
             prefixes.kept = True  # the whole offered prompt is in the cache: keep it once
             await span.keep_prefix(slot, prefixes.offers)

@@ -111,19 +111,35 @@ class Span:
         return admission.slot
 
     async def forward(self, slot: SessionSlot, pos0: int, hidden: np.ndarray, *, all_logits: bool,
-                      steps: Sequence[int], finish: Callable[[StepOutput], object]):
+                      steps: Sequence[int], finish: Callable[[StepOutput], object],
+                      restore: tuple[int, bytes | None] | None = None):
         """Run `hidden` [n_tokens, n_embd] at `pos0` on the session, then advance it.
 
         `finish` turns the step's output into the reply (the last span samples there) before the
         session advances: a reply that cannot be made leaves the session where it was.
+        `restore` (prefix length, snapshot hash; `Forward.restore`) first loads that prefix into the
+        session's empty sequence; when the step then fails, the session is emptied again, so a
+        refused first step leaves it as it was before the frame, not holding the prefix.
 
         Returns:
             what `finish` returns.
         Raises:
-            RequestError: the step does not continue the session, passes its reservation, or has
-                the wrong width; `finish` refused the output.
+            RequestError: the prefix cannot be restored (see `restore`); the step does not continue
+                the session, passes its reservation, or has the wrong width; `finish` refused the output.
             ExecutorError: the executor failed.
         """
+        if restore is None:
+            return await self._step(slot, pos0, hidden, all_logits=all_logits, steps=steps, finish=finish)
+        await self.restore(slot, *restore)
+        try:
+            return await self._step(slot, pos0, hidden, all_logits=all_logits, steps=steps, finish=finish)
+        except SwarmError:
+            await self.run(self.executor.clear, slot.seq_id)
+            self.sessions.truncate(slot, 0)
+            raise
+
+    async def _step(self, slot: SessionSlot, pos0: int, hidden: np.ndarray, *, all_logits: bool,
+                    steps: Sequence[int], finish: Callable[[StepOutput], object]):
         self.sessions.check_forward(slot, pos0, hidden.shape[0])
         why = width_refusal(hidden.shape[1], self.executor.n_embd)
         if why is not None:

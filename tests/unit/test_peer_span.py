@@ -95,6 +95,55 @@ def test_restore_preconditions():
     asyncio.run(main())
 
 
+class FakeRestoringExecutor(FakeExecutor):
+    """A fake executor that also imports a sequence's KV: the imported cells hold `kv` positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.held = {}
+
+    def import_seq(self, seq_id, kv):
+        self.calls.append(("import", seq_id))
+        self.held[seq_id] = kv
+
+    def truncate(self, seq_id, pos):
+        super().truncate(seq_id, pos)
+        self.held[seq_id] = min(self.held.get(seq_id, 0), pos)
+
+    def clear(self, seq_id):
+        super().clear(seq_id)
+        self.held[seq_id] = 0
+
+    def pos_max(self, seq_id):
+        return self.held.get(seq_id, 0) - 1
+
+
+class FakePrefixes:
+    """A prefix service holding one snapshot of 64 tokens (fake: no store, no network)."""
+
+    def snapshot_kv(self, snapshot_hash):
+        return 64 if snapshot_hash == b"h" else None
+
+
+def test_a_restored_first_step_that_is_refused_leaves_the_session_empty():
+    async def main():
+        ex = FakeRestoringExecutor()
+        span = Span("ab" * 32, 0, 4, ex, SessionTable(2, 256, idle_timeout_s=600.0), prefixes=FakePrefixes(),
+                    inline_max_ms=0.0, measure=lambda ex: Throughput(1.0, 2.0))
+        slot = await span.admit(b"s" * 16, "client", 128, 0.0)
+        # the restore itself works, then the step is refused for its width: nothing of the frame stays
+        with pytest.raises(RequestError, match="hidden size 2"):
+            await span.forward(slot, 64, np.zeros((1, 2), np.float32), all_logits=False, steps=(),
+                               finish=lambda r: r, restore=(64, b"h"))
+        assert slot.pos == 0 and ex.pos_max(slot.seq_id) == -1
+        # so the client can send the frame again, rightly, and the session restores then
+        await span.forward(slot, 64, np.zeros((1, 4), np.float32), all_logits=False, steps=(),
+                           finish=lambda r: r, restore=(64, b"h"))
+        assert slot.pos == 65 and ex.calls[-1] == ("forward", slot.seq_id, 64, 1)
+
+    asyncio.run(main())
+
+
 def test_swap_loads_the_old_span_back_when_the_new_one_fails(monkeypatch):
     monkeypatch.setattr(span_module, "exact_batch_cap", lambda ex: 3)
 
