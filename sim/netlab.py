@@ -35,8 +35,9 @@ API (stable; tests and scripts/bench_wan.py build on it):
     sim.netprobe: listen(lab, site, port) -> Popen;  ping(lab, site, addr, port, ...) -> PingResult
     site.address (its own), site.public_address (what other sites dial: its router's WAN address
     behind a NAT), site.ns, site.router.
-    tests/helpers/lab.py: `needs_lab` (the marks of a lab test), `start_in` (a `swarm` peer inside a
-    site), `forwarded_args` (port forwards + the serve flags for them), `chat_in` (a client there).
+    tests/helpers/lab.py: `start_in` (a `swarm` peer inside a site), `forwarded_args` (port forwards
+    and the serve flags for them), `chat_in` (a client there); tests/lab/conftest.py skips lab tests
+    with `lab_available()`'s reason.
 
 Teardown ends every process inside the lab's namespaces (SIGTERM, then SIGKILL after
 `netns.STOP_GRACE_S`), stops the delay line and deletes the namespaces; the veths and the bridge go with

@@ -1,7 +1,7 @@
-"""Helpers for tests in the network lab (sim/netlab.py): the skip when it cannot run, peers started
-inside a site's namespace, and a client run inside one.
+"""Helpers for tests and benchmarks in the network lab (sim/netlab.py): peers started inside a
+site's namespace, and a client run inside one. (tests/lab/conftest.py skips every lab test, saying
+why, where a lab cannot run; modules there carry `pytestmark = pytest.mark.lab`.)
 
-    pytestmark = needs_lab                       # a module of lab tests: skipped with the reason
     peer = start_in(peers, lab, site, "p0", *serve_args(path, "0:10"), "--new-swarm")
     got = chat_in(lab, home, path, dht.maddrs, PROMPT, 32)   # {"text": ..., "telemetry": {...}}
 
@@ -15,19 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
-from sim.netlab import Lab, Site, lab_available
+from sim.netlab import Lab, Site
 from tests.helpers.peers import PeerProcess, PeerSet
 
 CHAT_S = 300.0
 """A client run's limit, only so a hang fails instead of blocking the suite."""
-
-needs_lab = [
-    pytest.mark.lab,
-    pytest.mark.skipif(lab_available() is not None, reason=f"network lab: {lab_available()}"),
-]
-"""The marks of every lab test: `-m lab` selects them; where a lab cannot run, they skip and say why."""
 
 
 def start_in(peers: PeerSet, lab: Lab, site: Site, name: str, *args: str, ready_marker: str = "serving layers"

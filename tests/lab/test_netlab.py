@@ -14,9 +14,8 @@ import pytest
 
 from sim.netlab import Lab, LabError, lab_namespaces
 from sim.netprobe import listen, ping
-from tests.helpers.lab import needs_lab
 
-pytestmark = needs_lab
+pytestmark = pytest.mark.lab
 
 PORT = 7000
 NOT_ANSWERED_S = 1.0

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from sim.netlab import Lab
-from tests.helpers.lab import chat_in, forwarded_args, needs_lab, start_in
+from tests.helpers.lab import chat_in, forwarded_args, start_in
 from tests.helpers.oracle import oracle
 from tests.helpers.peers import PeerSet, serve_args
 
-pytestmark = needs_lab
+pytestmark = pytest.mark.lab
 
 PROMPT = "The three most important inventions of the twentieth century are"
 N_NEW = 24
