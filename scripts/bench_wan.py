@@ -72,8 +72,13 @@ def direct(lab: Lab, peers: PeerSet, model: Path, n_layers: int) -> Placed:
     cuts = [0, n_layers // 3, 2 * n_layers // 3, n_layers]
     sites = [lab.public(f"p{i}") for i in range(3)]
     for i, site in enumerate(sites):
-        start_in(peers, lab, site, f"p{i}",
-                 *serve_args(model, f"{cuts[i]}:{cuts[i + 1]}", "--initial-peers", dht.maddrs[0]))
+        start_in(
+            peers,
+            lab,
+            site,
+            f"p{i}",
+            *serve_args(model, f"{cuts[i]}:{cuts[i + 1]}", "--initial-peers", dht.maddrs[0]),
+        )
     return Placed(dht.maddrs, sites[0], len(sites) + 1)
 
 
@@ -97,15 +102,17 @@ def run_client(model: str, initial_peers: list[str], prompt: str, n_decode: int,
         for _ in range(repeats):
             got = client.generate(prompt, max_new_tokens=n_decode + 1)
             t = got.telemetry
-            runs.append({
-                "text": got.text,
-                "ttft_ms": t.ttft_ms,
-                "decode_tok_s": t.decode_tokens_per_s,
-                "itl_ms_p50": statistics.median(t.token_latencies_ms[1:]),
-                "transports": [h.transport for h in t.route],
-                "pushed_steps": [h.pushed_steps for h in t.route],
-                "compute_ms_per_token": sum(h.compute_ms for h in t.route) / max(1, t.generated_tokens),
-            })
+            runs.append(
+                {
+                    "text": got.text,
+                    "ttft_ms": t.ttft_ms,
+                    "decode_tok_s": t.decode_tokens_per_s,
+                    "itl_ms_p50": statistics.median(t.token_latencies_ms[1:]),
+                    "transports": [h.transport for h in t.route],
+                    "pushed_steps": [h.pushed_steps for h in t.route],
+                    "compute_ms_per_token": sum(h.compute_ms for h in t.route) / max(1, t.generated_tokens),
+                }
+            )
     return runs
 
 
@@ -116,20 +123,32 @@ def measure(lab: Lab, client_site, placed: Placed, model: Path, args) -> list[di
     for rtt in args.rtt:
         lab.set_rtt(rtt)
         probe = ping(lab, client_site, placed.first_hop.address, PROBE_PORT, count=10)
-        argv = [sys.executable, str(Path(__file__).resolve()), "--client", str(model), "--decode", str(args.decode),
-                "--repeats", str(args.repeats), "--initial-peers", *placed.initial_peers]
+        argv = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--client",
+            str(model),
+            "--decode",
+            str(args.decode),
+            "--repeats",
+            str(args.repeats),
+            "--initial-peers",
+            *placed.initial_peers,
+        ]
         runs = json.loads(lab.run(client_site, argv, timeout_s=CLIENT_S).stdout.strip().splitlines()[-1])
-        rows.append({
-            "rtt_ms": rtt,
-            "measured_rtt_ms_p50": round(statistics.median(probe.rtt_ms), 2),
-            "decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 2),
-            "ttft_ms": round(statistics.median(r["ttft_ms"] for r in runs), 1),
-            "itl_ms_p50": round(statistics.median(r["itl_ms_p50"] for r in runs), 1),
-            "compute_ms_per_token": round(statistics.median(r["compute_ms_per_token"] for r in runs), 1),
-            "transports": runs[0]["transports"],
-            "pushed_steps": runs[0]["pushed_steps"],
-            "texts": sorted({r["text"] for r in runs}),
-        })
+        rows.append(
+            {
+                "rtt_ms": rtt,
+                "measured_rtt_ms_p50": round(statistics.median(probe.rtt_ms), 2),
+                "decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 2),
+                "ttft_ms": round(statistics.median(r["ttft_ms"] for r in runs), 1),
+                "itl_ms_p50": round(statistics.median(r["itl_ms_p50"] for r in runs), 1),
+                "compute_ms_per_token": round(statistics.median(r["compute_ms_per_token"] for r in runs), 1),
+                "transports": runs[0]["transports"],
+                "pushed_steps": runs[0]["pushed_steps"],
+                "texts": sorted({r["text"] for r in runs}),
+            }
+        )
     base = rows[0]["itl_ms_p50"] if args.rtt[0] == 0 else None
     for row in rows:
         row["floor_added_ms"] = placed.one_way_trips * row["rtt_ms"] / 2
@@ -142,7 +161,9 @@ def measure(lab: Lab, client_site, placed: Placed, model: Path, args) -> list[di
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--rtt", type=float, nargs="+", default=[0.0, 20.0, 50.0], help="ms; start with 0 for the floor")
+    ap.add_argument(
+        "--rtt", type=float, nargs="+", default=[0.0, 20.0, 50.0], help="ms; start with 0 for the floor"
+    )
     ap.add_argument("--decode", type=int, default=64, help="decode steps per generation")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--transport", choices=sorted(TRANSPORTS), default="direct")
@@ -166,8 +187,19 @@ def main() -> int:
         finally:
             peers.stop_all()
     texts = {t for row in rows for t in row.pop("texts")}
-    print(json.dumps({"model": args.model, "transport": args.transport, "decode": args.decode,
-                      "repeats": args.repeats, "same_text_everywhere": len(texts) == 1, "rows": rows}, indent=1))
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "transport": args.transport,
+                "decode": args.decode,
+                "repeats": args.repeats,
+                "same_text_everywhere": len(texts) == 1,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -69,8 +69,13 @@ def start(ns: str, pairs: list[Pair], workdir: Path) -> subprocess.Popen:
     for p in pairs:
         argv += ["--pair", p.spec()]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([*netns.exec_prefix(ns), *argv], cwd=REPO_ROOT, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [*netns.exec_prefix(ns), *argv],
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + READY_S
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:

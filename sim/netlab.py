@@ -36,8 +36,8 @@ API (stable; tests and scripts/bench_wan.py build on it):
     site.address (its own), site.public_address (what other sites dial: its router's WAN address
     behind a NAT), site.ns, site.router.
     tests/helpers/lab.py: `start_in` (a `swarm` peer inside a site), `forwarded_args` (port forwards
-    and the serve flags for them), `chat_in` (a client there); tests/lab/conftest.py skips lab tests
-    with `lab_available()`'s reason.
+    and the serve flags for them), `swarm_in` (any `swarm` command there), `chat_in` (a client
+    there); tests/lab/conftest.py skips lab tests with `lab_available()`'s reason.
 
 Teardown ends every process inside the lab's namespaces (SIGTERM, then SIGKILL after
 `netns.STOP_GRACE_S`), stops the delay line and deletes the namespaces; the veths and the bridge go with
@@ -167,8 +167,6 @@ class Lab:
         self._delayline: subprocess.Popen | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="swarm-lab-")
 
-    # -- lifetime ---------------------------------------------------------------------------------
-
     def __enter__(self) -> Lab:
         reason = lab_available()
         if reason:
@@ -182,8 +180,12 @@ class Lab:
             netns.ip(self.wan, "addr", "add", f"{GATEWAY}/24", "dev", "br0")
             netns.ip(self.wan, "link", "set", "br0", "up")
             netns.ip(self.wan, "route", "add", "blackhole", "default")
-            netns.sysctl(self.wan, "net.ipv4.ip_forward=1", "net.ipv4.conf.all.send_redirects=0",
-                         "net.ipv4.conf.br0.send_redirects=0")
+            netns.sysctl(
+                self.wan,
+                "net.ipv4.ip_forward=1",
+                "net.ipv4.conf.all.send_redirects=0",
+                "net.ipv4.conf.br0.send_redirects=0",
+            )
         except BaseException:
             self.close()
             raise
@@ -203,8 +205,6 @@ class Lab:
         self._namespaces.clear()
         self._spawned.clear()
         self._tmp.cleanup()
-
-    # -- building ---------------------------------------------------------------------------------
 
     def public(self, name: str, *, rate_mbit: float | None = None) -> Site:
         """A public site on the internet (10.77.0.N), reachable from every other site.
@@ -266,8 +266,10 @@ class Lab:
             if not 0 < port < 65536:
                 raise LabError(f"port {port} out of range")
             for proto in ("tcp", "udp"):
-                netns.nft(site.router.ns, f'add rule ip lab_nat pre iifname "wan0" {proto} dport {port} '
-                                          f"dnat to {site.address}\n")
+                netns.nft(
+                    site.router.ns,
+                    f'add rule ip lab_nat pre iifname "wan0" {proto} dport {port} dnat to {site.address}\n',
+                )
 
     def set_rtt(self, rtt_ms: float) -> None:
         """Every site link holds frames rtt_ms / 4 each way, so any two sites are `rtt_ms` apart
@@ -297,23 +299,23 @@ class Lab:
             pairs = [Pair(f"l{n}p", f"l{n}q", self._delays_ms[n], self._delays_ms[n]) for n in delayed]
             self._delayline = delayline.start(self.wan, pairs, Path(self._tmp.name))
 
-    # -- running things inside ----------------------------------------------------------------------
-
     def exec_prefix(self, where: Where) -> list[str]:
         """The argv prefix that runs a command in `where`'s namespace (`ip netns exec` execs the
         command: the pid is the command's own)."""
         return netns.exec_prefix(where.ns)
 
-    def run(self, where: Where, argv: Sequence[str], *, timeout_s: float = 120.0, check: bool = True,
-            **kwargs) -> subprocess.CompletedProcess:
+    def run(
+        self, where: Where, argv: Sequence[str], *, timeout_s: float = 120.0, check: bool = True, **kwargs
+    ) -> subprocess.CompletedProcess:
         """Run `argv` in `where`'s namespace to completion; stdout and stderr captured as text.
 
         Raises:
             LabError: with `check`, a non-zero exit (the message holds its stderr).
             subprocess.TimeoutExpired: it ran past `timeout_s` (it is killed).
         """
-        done = subprocess.run([*self.exec_prefix(where), *argv], capture_output=True, text=True,
-                              timeout=timeout_s, **kwargs)
+        done = subprocess.run(
+            [*self.exec_prefix(where), *argv], capture_output=True, text=True, timeout=timeout_s, **kwargs
+        )
         if check and done.returncode != 0:
             raise LabError(f"{' '.join(argv)} in {where.ns}: exit {done.returncode}: {done.stderr.strip()}")
         return done
@@ -328,8 +330,6 @@ class Lab:
     def pids(self) -> list[int]:
         """Every process inside the lab's namespaces now (spawned ones, the delay line, peers)."""
         return [pid for ns in self._namespaces for pid in netns.pids(ns)]
-
-    # -- internals --------------------------------------------------------------------------------
 
     def _new_site_ns(self, name: str) -> str:
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,30}", name):

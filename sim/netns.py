@@ -35,14 +35,25 @@ def missing(probe_ns: str) -> str | None:
     hold the capabilities and still be refused."""
     if sys.platform != "linux":
         return f"the network lab needs Linux network namespaces (this is {sys.platform})"
-    caps = next((int(ln.split()[1], 16) for ln in Path("/proc/self/status").read_text().splitlines()
-                 if ln.startswith("CapEff:")), 0)
-    lacking = [n for n, bit in (("CAP_NET_ADMIN", CAP_NET_ADMIN), ("CAP_NET_RAW", CAP_NET_RAW)) if not caps >> bit & 1]
+    caps = next(
+        (
+            int(ln.split()[1], 16)
+            for ln in Path("/proc/self/status").read_text().splitlines()
+            if ln.startswith("CapEff:")
+        ),
+        0,
+    )
+    lacking = [
+        n
+        for n, bit in (("CAP_NET_ADMIN", CAP_NET_ADMIN), ("CAP_NET_RAW", CAP_NET_RAW))
+        if not caps >> bit & 1
+    ]
     if lacking:
         return f"the network lab needs {' and '.join(lacking)} (run as root)"
     tools = [t for t in TOOLS if shutil.which(t) is None]
     if tools:
-        return f"the network lab needs {', '.join(tools)} (Debian: apt-get install -y iproute2 nftables ethtool procps)"
+        debian = "apt-get install -y iproute2 nftables ethtool procps"
+        return f"the network lab needs {', '.join(tools)} (Debian: {debian})"
     made = sh(["ip", "netns", "add", probe_ns], check=False)
     if made.returncode != 0:
         return f"cannot make a network namespace: {made.stderr.strip()}"
@@ -117,8 +128,25 @@ def limit_rate(ns: str, dev: str, rate_mbit: float) -> None:
     """
     if rate_mbit <= 0:
         raise LabError(f"rate_mbit must be > 0, got {rate_mbit}")
-    sh(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
-        "burst", str(tbf_burst_bytes(rate_mbit)), "latency", "100ms"])
+    sh(
+        [
+            "tc",
+            "-n",
+            ns,
+            "qdisc",
+            "replace",
+            "dev",
+            dev,
+            "root",
+            "tbf",
+            "rate",
+            f"{rate_mbit}mbit",
+            "burst",
+            str(tbf_burst_bytes(rate_mbit)),
+            "latency",
+            "100ms",
+        ]
+    )
 
 
 def nft(ns: str, ruleset: str) -> None:

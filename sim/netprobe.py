@@ -71,16 +71,31 @@ def listen(lab: Lab, where: Where, port: int) -> subprocess.Popen:
         LabError: it exited or did not listen within READY_S.
     """
     address = getattr(where, "address", None) or where.wan_address
-    proc = lab.spawn(where, [sys.executable, "-m", "sim.netprobe", "serve", address, str(port)],
-                     cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = lab.spawn(
+        where,
+        [sys.executable, "-m", "sim.netprobe", "serve", address, str(port)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if netns.first_line(proc, READY_S) != "listening":
         netns.stop(proc)
         raise LabError(f"probe server on {address}:{port} did not start: {proc.stderr.read().strip()}")
     return proc
 
 
-def ping(lab: Lab, where: Where, addr: str, port: int, *, count: int = 10, bulk_bytes: int = 0,
-         bind_port: int = 0, timeout_s: float = 5.0) -> PingResult:
+def ping(
+    lab: Lab,
+    where: Where,
+    addr: str,
+    port: int,
+    *,
+    count: int = 10,
+    bulk_bytes: int = 0,
+    bind_port: int = 0,
+    timeout_s: float = 5.0,
+) -> PingResult:
     """Dial a probe server from `where` and measure; a dial that fails is returned with `error` set,
     not raised.
 
@@ -93,8 +108,22 @@ def ping(lab: Lab, where: Where, addr: str, port: int, *, count: int = 10, bulk_
     Raises:
         LabError: the probe itself could not run.
     """
-    argv = [sys.executable, "-m", "sim.netprobe", "ping", addr, str(port), "--count", str(count),
-            "--bulk-bytes", str(bulk_bytes), "--bind-port", str(bind_port), "--timeout-s", str(timeout_s)]
+    argv = [
+        sys.executable,
+        "-m",
+        "sim.netprobe",
+        "ping",
+        addr,
+        str(port),
+        "--count",
+        str(count),
+        "--bulk-bytes",
+        str(bulk_bytes),
+        "--bind-port",
+        str(bind_port),
+        "--timeout-s",
+        str(timeout_s),
+    ]
     done = lab.run(where, argv, cwd=REPO_ROOT, timeout_s=timeout_s * (count + 3) + 60)
     return PingResult(**json.loads(done.stdout))
 
@@ -119,7 +148,9 @@ def _echo(conn: socket.socket, peer: tuple[str, int]) -> None:
             pass  # the dialler went away: nothing to answer
 
 
-def measure(addr: str, port: int, count: int, bulk_bytes: int, bind_port: int, timeout_s: float) -> PingResult:
+def measure(
+    addr: str, port: int, count: int, bulk_bytes: int, bind_port: int, timeout_s: float
+) -> PingResult:
     """Dial a `serve` and measure (see `PingResult`); a failure is returned in `error`, not raised."""
     result = PingResult()
     try:

@@ -37,7 +37,13 @@ def far_swarm(smollm2_path, tmp_path_factory):
             dht = start_in(peers, lab, lab.sites["dht"], "dht", "dht", ready_marker="")
             for i, span in enumerate(SPANS):
                 site = lab.sites[f"p{i}"]
-                start_in(peers, lab, site, f"p{i}", *serve_args(smollm2_path, span, "--initial-peers", dht.maddrs[0]))
+                start_in(
+                    peers,
+                    lab,
+                    site,
+                    f"p{i}",
+                    *serve_args(smollm2_path, span, "--initial-peers", dht.maddrs[0]),
+                )
             yield lab, peers
         finally:
             peers.stop_all()
@@ -57,8 +63,13 @@ def forwarding_swarm(smollm2_path, tmp_path_factory):
             dht = start_in(peers, lab, dht_site, "dht", "dht", ready_marker="")
             for home, span in zip(homes, ("0:15", "15:30")):
                 fwd = forwarded_args(lab, home, port=41001, bt_port=41002, direct_port=41003)
-                start_in(peers, lab, home, home.name,
-                         *serve_args(smollm2_path, span, "--initial-peers", dht.maddrs[0], *fwd))
+                start_in(
+                    peers,
+                    lab,
+                    home,
+                    home.name,
+                    *serve_args(smollm2_path, span, "--initial-peers", dht.maddrs[0], *fwd),
+                )
             yield lab, peers
         finally:
             peers.stop_all()
