@@ -273,7 +273,8 @@ class Lab:
 
     def set_rtt(self, rtt_ms: float) -> None:
         """Every site link holds frames rtt_ms / 4 each way, so any two sites are `rtt_ms` apart
-        (a home's own LAN adds nothing); 0 bridges every link directly again."""
+        (a home's own LAN adds nothing); 0 bridges every link directly again. Sites added later start
+        without delay."""
         self.set_delay({s: rtt_ms / 4 for s in self.sites.values()})
 
     def set_delay(self, one_way_ms: Mapping[Site, float]) -> None:
