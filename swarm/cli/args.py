@@ -42,6 +42,30 @@ def add_peer_args(p: argparse.ArgumentParser, bittorrent: bool = False) -> None:
     p.add_argument("--data-dir", default=None, help="peer identity directory (default $SWARM_HOME)")
 
 
+def add_relay_args(p: argparse.ArgumentParser, serving: bool = True) -> None:
+    """Add the relay options (swarm.relay): --relay-port and --no-relay-service, and for a serving peer
+    --reachability and --relay. One place, so that reachability detection can replace the flag."""
+    p.add_argument(
+        "--relay-port", type=int, default=0,
+        help="TCP port of the relay service this peer offers to peers behind NATs (0: any free port)",
+    )
+    p.add_argument(
+        "--no-relay-service", action="store_true",
+        help="do not relay streams for peers that cannot be dialled (a reachable peer does by default, "
+        "within a connection and byte budget)",
+    )
+    if serving:
+        p.add_argument(
+            "--reachability", choices=("public", "private"), default="public",
+            help="public: other peers can dial this one; private: behind a NAT without port forwards, "
+            "so it registers with a relay and announces only the relay's address (default public)",
+        )
+        p.add_argument(
+            "--relay", choices=("auto", "off"), default="auto",
+            help="auto: a private peer is reached through a relay; off: never (default auto)",
+        )
+
+
 def net(args) -> NetConfig:
     """The listen and advertised addresses of parsed `add_peer_args` options (unchecked)."""
     bt_port = getattr(args, "bt_port", 0)
