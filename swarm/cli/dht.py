@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.cli.args import add_peer_args, add_relay_args
+from swarm.cli.args import add_peer_args, add_relay_args, relay_limits
 
 
 def register(sub) -> None:
@@ -20,6 +20,7 @@ def _dht(args) -> None:
 
     from swarm.relay.service import start_relay
 
-    service = None if args.no_relay_service else partial(start_relay, host=args.host, port=args.relay_port,
-                                                         public_address=args.public_address)
+    service = None if args.no_relay_service else partial(
+        start_relay, host=args.host, port=args.relay_port, public_address=args.public_address,
+        limits=relay_limits(args))
     run_dht_only(args.initial_peers, args.host, args.port, args.data_dir, args.public_address, service)

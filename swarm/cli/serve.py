@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from swarm.cli.args import add_peer_args, add_relay_args, byte_size, check_swarm_choice, layers, positive
+from swarm.cli.args import add_peer_args, add_relay_args, byte_size, check_swarm_choice, layers, positive, relay_limits
 from swarm.models import DEFAULT_MODEL
 
 
@@ -131,6 +131,7 @@ def _serve(args) -> None:
             relay=args.relay,
             relay_service=not args.no_relay_service,
             relay_port=args.relay_port,
+            relay_limits=relay_limits(args),
             **({} if args.inline_max_ms is None else {"inline_max_ms": args.inline_max_ms}),
         )
     )
