@@ -350,8 +350,10 @@ def _parse_peer_id(peer_id: str) -> PeerID:
 
 
 def _parse_maddr(addr: str) -> Multiaddr:
-    """Multiaddr string -> Multiaddr without its /p2p/<id> tail (p2pd's connect wants bare addresses)."""
+    """Multiaddr string -> Multiaddr without its trailing /p2p/<id> (p2pd's connect wants bare
+    addresses); a /p2p/ inside (a circuit address's relay) stays."""
+    head, sep, tail = addr.rpartition("/p2p/")
     try:
-        return Multiaddr(addr.split("/p2p/", 1)[0])
+        return Multiaddr(head if sep and "/" not in tail else addr)
     except Exception as e:  # multiaddr raises several exception types on malformed input
         raise ProtocolError(f"malformed multiaddr {addr!r}") from e

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from swarm.dht.node import SwarmDHT
 from swarm.errors import SwarmError
+from swarm.limits import MAX_FRAME_BYTES
 from swarm.netaddr import maddr_host_port
 from swarm.p2p import FramedStream, StreamHandler, SwarmP2P
 from swarm.relay.handshake import MAX_HANDSHAKE_BYTES, RelayIdentity, respond
@@ -35,7 +36,6 @@ from swarm.relay.records import (
 )
 from swarm.relay.rules import choose_relay
 from swarm.relay.service import HELLO_TIMEOUT_S, register_proof_data
-from swarm.limits import MAX_FRAME_BYTES
 
 logger = logging.getLogger(__name__)
 

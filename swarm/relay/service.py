@@ -173,8 +173,8 @@ class RelayServer:
             async with asyncio.timeout(ACCEPT_TIMEOUT_S):
                 peer_reader, peer_writer = await arrived
         except (SwarmError, TimeoutError):
-            await hello.send(encode_message("refused", why=f"peer {peer_id[:12]}… did not answer the relay"))
             self.budget.close(peer_id)
+            await hello.send(encode_message("refused", why=f"peer {peer_id[:12]}… did not answer the relay"))
             return
         finally:
             self._pending.pop(token, None)
