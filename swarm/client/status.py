@@ -114,7 +114,7 @@ class StatusReport:
                 f"{p.prefill_tokens_per_s:.0f}",
                 str(p.free_cache_tokens),
                 f"{p.sessions_free}/{p.max_sessions}",
-                _rtt_words(self.rtt_ms, p.peer_id),
+                _rtt_words(self.rtt_ms, p.peer_id) + (" (relayed)" if p.relay_addrs else ""),
                 "no answer" if p in silent
                 else f"dead end ({_DEAD_END_WORDS[dead[p.peer_id]]})" if p.peer_id in dead else "ok",
                 p.public_name or "",

@@ -15,6 +15,7 @@ import signal
 import pytest
 
 from swarm import Client
+from swarm.client.status import swarm_status
 
 from tests.helpers.oracle import oracle
 from tests.helpers.peers import PeerSet, serve_args, signal_tree
@@ -47,6 +48,18 @@ def test_a_long_generation_through_two_relayed_peers_equals_the_whole_model(rela
     # a pushed its outputs to b through the relay too (Chain.next_relay): the client only read answers
     assert route[1].pushed_steps >= got.telemetry.generated_tokens - 2
     assert not got.telemetry.failovers
+
+
+def test_status_pings_relayed_peers_through_their_relay(relayed, smollm2_path):
+    dht, a, b = relayed.started
+    report = swarm_status(str(smollm2_path), [dht.maddrs[0]])
+    by_id = {p.peer_id: p for p in report.peers}
+    for peer in (a, b):  # announced with no address of its own, only its relay's
+        ann = by_id[peer.peer_id]
+        assert (ann.addrs, ann.direct_addrs) == ((), ())
+        assert [r.rsplit("/p2p/", 1)[1] for r in ann.relay_addrs] == [dht.peer_id]
+        assert report.rtt_ms[peer.peer_id] is not None  # answered through the relay
+    assert report.chains.complete and not report.silent
 
 
 def test_a_relay_killed_mid_generation_costs_a_failover_not_the_text(peers: PeerSet, smollm2_path):
