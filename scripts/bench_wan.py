@@ -15,9 +15,10 @@ it cannot come sooner than (S+1)/2 round trips after the one before it: 2 RTT ov
 floor of the inter-token latency at an RTT is the 0 ms run's plus that.
 
 Transports (`--transport`): `direct` (the serving peers in public sites: direct TCP streams, pushed
-peer to peer). A transport is one function in TRANSPORTS that places and starts the serving peers
-and says how many one-way trips a token crosses; `relayed` (peers behind NATs without forwards,
-reached through a relay) is listed but not in this build.
+peer to peer); `relayed` (the middle serving peer behind a NAT router without forwards, reached by
+the client and pushed into by the first peer through the DHT peer's relay: swarm.relay). A
+transport is one function in TRANSPORTS that places and starts the serving peers and says how many
+one-way trips a token crosses.
 
     flock /tmp/swarm-heavy.lock .venv/bin/python scripts/bench_wan.py [--rtt 0 20 50] [--decode 64] \
         [--repeats 3] [--transport direct]
@@ -83,10 +84,18 @@ def direct(lab: Lab, peers: PeerSet, model: Path, n_layers: int) -> Placed:
 
 
 def relayed(lab: Lab, peers: PeerSet, model: Path, n_layers: int) -> Placed:
-    raise SystemExit(
-        "bench_wan: --transport relayed needs the project's relay (issue 23, item 2), which this build "
-        "does not have: add the placement of NAT'd serving peers and their relay here"
-    )
+    """The middle serving peer behind a NAT router without forwards (`--reachability private`), reached
+    through the public DHT peer's relay (swarm.relay); the other two public. The trips into and out of
+    the middle hop each pass the relay's site: S + 1 + 2 = 6 one-way trips per token, one RTT more
+    than direct."""
+    dht = start_in(peers, lab, lab.public("dht"), "dht", "dht", ready_marker="")
+    cuts = [0, n_layers // 3, 2 * n_layers // 3, n_layers]
+    sites = [lab.public("p0"), lab.home("p1"), lab.public("p2")]
+    for i, site in enumerate(sites):
+        private = ("--reachability", "private") if site.router is not None else ()
+        start_in(peers, lab, site, f"p{i}",
+                 *serve_args(model, f"{cuts[i]}:{cuts[i + 1]}", "--initial-peers", dht.maddrs[0], *private))
+    return Placed(dht.maddrs, sites[0], len(sites) + 1 + 2)
 
 
 TRANSPORTS: dict[str, Callable[[Lab, PeerSet, Path, int], Placed]] = {"direct": direct, "relayed": relayed}

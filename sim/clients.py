@@ -194,7 +194,7 @@ async def generate(
     spec = SessionSpec(MODEL_ID, site.site_id, n_layers, len(prompt) + n_new, SamplingParams())
     route = RouteSession(
         spec, site, site, site.exclusions, telemetry, policy, now=loop.time, sleep=asyncio.sleep, rng=rng,
-        push_addrs=(lambda peer_id: ((), ())) if push else None,
+        push_addrs=(lambda peer_id: ((), (), ())) if push else None,
     )
     record, t0 = GenerationRecord(started_s=loop.time()), loop.time()
     tokens: list[int] = []

@@ -8,6 +8,7 @@ Packages and modules (see docs/architecture.md for the data flow):
     route/        pure route planning, chains, placement and failover policy over announced spans
     dht/          hivemind DHT wrapper: identity, signed announcement and prefix-holdings records
     peer/         `swarm serve`: composition root, stream handler, step scheduler, announcer
+    relay/        relayed streams for peers behind NATs: the relay service, registration, sealed handshake
     artifacts/    model bytes over BitTorrent (libtorrent), verified per tensor
     cli/          the `swarm` command, one module per subcommand
     arch.py       one row of facts per GGUF architecture

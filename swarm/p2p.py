@@ -221,7 +221,7 @@ class SwarmP2P:
     async def create(cls, p2p: P2P) -> "SwarmP2P":
         """Wrap `p2p` and start serving PING_PROTOCOL."""
         self = cls(p2p)
-        await self.serve(PING_PROTOCOL, _echo_until_closed, max_frame_bytes=64)
+        await self.serve(PING_PROTOCOL, echo_until_closed, max_frame_bytes=64)
         return self
 
     async def serve(
@@ -333,8 +333,8 @@ class SwarmP2P:
         return best_s * 1000.0
 
 
-async def _echo_until_closed(stream: FramedStream) -> None:
-    """Ping responder: echo frames until the prober closes."""
+async def echo_until_closed(stream: FramedStream) -> None:
+    """Ping responder (PING_PROTOCOL, on libp2p and relayed streams): echo frames until the prober closes."""
     while True:
         await stream.send(await stream.recv())
 
@@ -350,8 +350,10 @@ def _parse_peer_id(peer_id: str) -> PeerID:
 
 
 def _parse_maddr(addr: str) -> Multiaddr:
-    """Multiaddr string -> Multiaddr without its /p2p/<id> tail (p2pd's connect wants bare addresses)."""
+    """Multiaddr string -> Multiaddr without its trailing /p2p/<id> (p2pd's connect wants bare
+    addresses); a /p2p/ inside (a circuit address's relay) stays."""
+    head, sep, tail = addr.rpartition("/p2p/")
     try:
-        return Multiaddr(addr.split("/p2p/", 1)[0])
+        return Multiaddr(head if sep and "/" not in tail else addr)
     except Exception as e:  # multiaddr raises several exception types on malformed input
         raise ProtocolError(f"malformed multiaddr {addr!r}") from e

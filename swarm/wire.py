@@ -64,14 +64,15 @@ from swarm.limits import (
 )
 from swarm.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
-PROTOCOL_GENERATION = 5
+PROTOCOL_GENERATION = 6
 """Version of every frame below; a peer refuses frames of any other generation.
 
 2: prefix KV snapshots (`Open.prefixes`, `OpenOk.restorable` / `fetched_from`, `Forward.restore`).
 3: server push (`Chain`, `Attach`, `Forward.push` / `rewind`, `Hidden.pushed`); `Token.logprob` only
    when asked (`SamplingParams.logprobs`).
 4: `Forward.steps`: one frame replays many recorded steps, each computed as it was first sent.
-5: `Forward.sample` dropped: no peer read it (the last span always samples)."""
+5: `Forward.sample` dropped: no peer read it (the last span always samples).
+6: `Chain.next_relay`: the next hop's relay addresses (a peer behind a NAT: swarm/relay)."""
 
 MAX_HEADER_BYTES = 4096
 """Largest msgpack header accepted."""
@@ -563,6 +564,7 @@ class Chain(_Frame):
         next_session: that hop's session id (16 bytes; b"" with no next_peer).
         next_addrs: the next hop's libp2p multiaddrs.
         next_direct: the next hop's direct-stream endpoints (swarm/direct.py), tried first.
+        next_relay: the next hop's relay addresses (swarm/relay), used when it announces any.
         prev_peer: the only peer id whose pushed frames this session accepts ("": none).
     """
 
@@ -570,6 +572,7 @@ class Chain(_Frame):
     next_session: bytes = _wire(_Bytes(SESSION_ID_BYTES, or_empty=True), default=b"")
     next_addrs: tuple[str, ...] = _wire(_ADDRS, default=())
     next_direct: tuple[str, ...] = _wire(_ADDRS, default=())
+    next_relay: tuple[str, ...] = _wire(_ADDRS, default=())
     prev_peer: str = _wire(_Str(MAX_ID_CHARS), default="")
 
     def _relate(self) -> None:

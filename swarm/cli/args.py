@@ -9,6 +9,7 @@ import argparse
 
 from swarm.errors import SwarmError
 from swarm.netaddr import NetConfig
+from swarm.relay.rules import RelayLimits
 
 
 def add_peer_args(p: argparse.ArgumentParser, bittorrent: bool = False) -> None:
@@ -40,6 +41,43 @@ def add_peer_args(p: argparse.ArgumentParser, bittorrent: bool = False) -> None:
         + " here); needs a fixed --port",
     )
     p.add_argument("--data-dir", default=None, help="peer identity directory (default $SWARM_HOME)")
+
+
+def add_relay_args(p: argparse.ArgumentParser, serving: bool = True) -> None:
+    """Add the relay options (swarm.relay): --relay-port and --no-relay-service, and for a serving peer
+    --reachability and --relay. One place, so that reachability detection can replace the flag."""
+    p.add_argument(
+        "--relay-port", type=int, default=0,
+        help="TCP port of the relay service this peer offers to peers behind NATs (0: any free port)",
+    )
+    p.add_argument(
+        "--no-relay-service", action="store_true",
+        help="do not relay streams for peers that cannot be dialled (a reachable peer does by default, "
+        "within the budget below, which its offer announces)",
+    )
+    defaults = RelayLimits()
+    p.add_argument("--relay-max-peers", type=positive, default=defaults.max_peers,
+                   help=f"peers relayed for at once (default {defaults.max_peers})")
+    p.add_argument("--relay-max-conns", type=positive, default=defaults.max_conns_per_peer,
+                   help=f"relayed connections open at once per peer (default {defaults.max_conns_per_peer})")
+    p.add_argument("--relay-rate", type=byte_size, default=defaults.bytes_per_s, metavar="SIZE",
+                   help="relayed bytes per second per peer, e.g. 16MiB (default 16MiB)")
+    if serving:
+        p.add_argument(
+            "--reachability", choices=("public", "private"), default="public",
+            help="public: other peers can dial this one; private: behind a NAT without port forwards, "
+            "so it registers with a relay and announces only the relay's address (default public)",
+        )
+        p.add_argument(
+            "--relay", choices=("auto", "off"), default="auto",
+            help="auto: a private peer is reached through a relay; off: never (default auto)",
+        )
+
+
+def relay_limits(args) -> RelayLimits:
+    """The relay budget of parsed `add_relay_args` options."""
+    return RelayLimits(max_peers=args.relay_max_peers, max_conns_per_peer=args.relay_max_conns,
+                       bytes_per_s=args.relay_rate, burst_bytes=min(args.relay_rate, RelayLimits().burst_bytes))
 
 
 def net(args) -> NetConfig:

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
-from swarm.cli.args import add_peer_args
+from swarm.cli.args import add_peer_args, add_relay_args, relay_limits
 
 
 def register(sub) -> None:
     """Add `dht` to the `swarm` subparsers `sub`."""
     d = sub.add_parser("dht", help="run a DHT-only peer and print the multiaddrs others join with")
     add_peer_args(d)
+    add_relay_args(d, serving=False)
     d.set_defaults(func=_dht)
 
 
 def _dht(args) -> None:
     from swarm.dht.node import run_dht_only
 
-    run_dht_only(args.initial_peers, args.host, args.port, args.data_dir, args.public_address)
+    from functools import partial
+
+    from swarm.relay.service import start_relay
+
+    service = None if args.no_relay_service else partial(
+        start_relay, host=args.host, port=args.relay_port, public_address=args.public_address,
+        limits=relay_limits(args))
+    run_dht_only(args.initial_peers, args.host, args.port, args.data_dir, args.public_address, service)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from swarm.cli.args import add_peer_args, byte_size, check_swarm_choice, layers, positive
+from swarm.cli.args import add_peer_args, add_relay_args, byte_size, check_swarm_choice, layers, positive, relay_limits
 from swarm.models import DEFAULT_MODEL
 
 
@@ -86,6 +86,7 @@ def register(sub) -> None:
     direct.add_argument(
         "--no-direct", action="store_true", help="offer no direct streams: clients use libp2p streams only"
     )
+    add_relay_args(s)
     s.add_argument("--inline-max-ms", type=float, default=None, help=argparse.SUPPRESS)  # benchmarks
     s.set_defaults(func=_serve)
 
@@ -126,6 +127,11 @@ def _serve(args) -> None:
             debug_die_after_pushes=args.debug_die_after_pushes,
             metrics_port=args.metrics_port,
             direct_port=None if args.no_direct else args.direct_port,
+            reachability=args.reachability,
+            relay=args.relay,
+            relay_service=not args.no_relay_service,
+            relay_port=args.relay_port,
+            relay_limits=relay_limits(args),
             **({} if args.inline_max_ms is None else {"inline_max_ms": args.inline_max_ms}),
         )
     )

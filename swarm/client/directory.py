@@ -16,6 +16,8 @@ from collections.abc import Collection
 from swarm.dht.node import SwarmDHT, get_dht_time
 from swarm.dht.records import Announcement
 from swarm.errors import SwarmError
+from swarm.relay import dial as relay_dial
+from swarm.relay.handshake import RelayIdentity
 from swarm.route.plan import PeerSpan
 from swarm.route.snapshot import peer_spans
 
@@ -29,7 +31,9 @@ class DHTDirectory:
     """`PeerDirectory` over the DHT: the model's announcements, with RTTs measured by ping.
 
     Successful RTTs are kept for the engine's life (a peer's RTT changes little); a failed probe is
-    not kept, so the session excludes the peer for a while and it is probed again afterwards.
+    not kept, so the session excludes the peer for a while and it is probed again afterwards. A
+    peer reached through a relay (it announces relay addresses) is pinged through its relay, so its
+    RTT is the relayed path's and the planner prices the hop by it.
 
     Args:
         n_layers: the model's layer count; announcements of spans past it are dropped (None: unchecked).
@@ -44,6 +48,8 @@ class DHTDirectory:
         self.rtt_ms: dict[str, float] = {}
         self._addrs: dict[str, tuple[str, ...]] = {}
         self._direct: dict[str, tuple[str, ...]] = {}
+        self._relay: dict[str, tuple[str, ...]] = {}
+        self._identity: RelayIdentity | None = None
         self._announced: list[Announcement] = []
         self._read_at = -math.inf
 
@@ -54,6 +60,17 @@ class DHTDirectory:
     def direct_addrs(self, peer_id: str) -> tuple[str, ...]:
         """The direct-stream endpoints `peer_id` announced last (empty: none, or never seen)."""
         return self._direct.get(peer_id, ())
+
+    def relay_addrs(self, peer_id: str) -> tuple[str, ...]:
+        """The relay addresses `peer_id` announced last (empty: reachable itself, or never seen)."""
+        return self._relay.get(peer_id, ())
+
+    @property
+    def identity(self) -> RelayIdentity:
+        """This client's credentials for relayed streams (made on first use: one RSA signature)."""
+        if self._identity is None:
+            self._identity = RelayIdentity(self._dht.identity.private_key)
+        return self._identity
 
     async def peers(self, skip_probe: frozenset[str], fresh: bool) -> list[PeerSpan]:
         """Announced spans of the model; unmeasured peers outside `skip_probe` are pinged first.
@@ -81,6 +98,7 @@ class DHTDirectory:
         announced = self._announced
         self._addrs.update((a.peer_id, a.addrs) for a in announced)
         self._direct.update((a.peer_id, a.direct_addrs) for a in announced)
+        self._relay.update((a.peer_id, a.relay_addrs) for a in announced)
         unmeasured = [
             a.peer_id for a in announced if a.peer_id not in self.rtt_ms and a.peer_id not in skip_probe
         ]
@@ -93,9 +111,14 @@ class DHTDirectory:
 
         async def ping(peer_id: str) -> str | None:
             try:
-                self.rtt_ms[peer_id] = await self._dht.transport.ping(
-                    peer_id, self.addrs(peer_id), timeout_s=self._probe_timeout_s
-                )
+                if self.relay_addrs(peer_id):
+                    self.rtt_ms[peer_id] = await relay_dial.ping(
+                        self.identity, self.relay_addrs(peer_id), peer_id, timeout_s=self._probe_timeout_s
+                    )
+                else:
+                    self.rtt_ms[peer_id] = await self._dht.transport.ping(
+                        peer_id, self.addrs(peer_id), timeout_s=self._probe_timeout_s
+                    )
                 return peer_id
             except SwarmError:
                 self.rtt_ms.pop(peer_id, None)

@@ -25,7 +25,7 @@ class HopLink(Protocol):
 
     peer_id: str
     transport: str
-    """How the frames travel: "direct" (swarm.direct), "libp2p", or "sim"."""
+    """How the frames travel: "direct" (swarm.direct), "relayed" (swarm.relay), "libp2p", or "sim"."""
     direct_error: str
     """Why a direct stream was not used when the peer offers one ("" when it was, or none offered)."""
 

@@ -116,9 +116,11 @@ class RemoteEngine:
         session.on_close = self._sessions.discard
         return session
 
-    def _push_addrs(self, peer_id: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """Where a hop's peer can reach `peer_id`: its announced multiaddrs and direct endpoints."""
-        return self.directory.addrs(peer_id), self.directory.direct_addrs(peer_id)
+    def _push_addrs(self, peer_id: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """Where a hop's peer can reach `peer_id`: its announced multiaddrs, direct endpoints and relay
+        addresses."""
+        d = self.directory
+        return d.addrs(peer_id), d.direct_addrs(peer_id), d.relay_addrs(peer_id)
 
     def close(self) -> None:
         """Close every open session and leave the swarm."""

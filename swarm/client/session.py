@@ -131,7 +131,7 @@ class RouteSession:
         now: monotonic clock, seconds.
         sleep: awaitable sleep, seconds (backoff).
         rng: jitter and session ids.
-        push_addrs: peer id → (multiaddrs, direct endpoints) to give the previous hop: chain the
+        push_addrs: peer id → (multiaddrs, direct endpoints, relay addresses) to give the previous hop: chain the
             route for server push; None: relay only.
     All methods run on one event loop; one call at a time.
     """
@@ -148,7 +148,7 @@ class RouteSession:
         now: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]],
         rng: random.Random,
-        push_addrs: Callable[[str], tuple[tuple[str, ...], tuple[str, ...]]] | None = None,
+        push_addrs: Callable[[str], tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] | None = None,
     ):
         self.spec, self._directory, self._transport = spec, directory, transport
         self._push_addrs = push_addrs
@@ -322,12 +322,13 @@ class RouteSession:
         hops = self._hops
         for i, hop in enumerate(hops):
             nxt = hops[i + 1] if i + 1 < len(hops) else None
-            addrs, direct = self._push_addrs(nxt.peer_id) if nxt else ((), ())
+            addrs, direct, relay = self._push_addrs(nxt.peer_id) if nxt else ((), (), ())
             frame = Chain(
                 next_peer=nxt.peer_id if nxt else "",
                 next_session=nxt.session_id if nxt else b"",
                 next_addrs=addrs[:MAX_CHAIN_ADDRS],
                 next_direct=direct[:MAX_CHAIN_ADDRS],
+                next_relay=relay[:MAX_CHAIN_ADDRS],
                 prev_peer=hops[i - 1].peer_id if i else "",
             )
             try:

@@ -22,6 +22,8 @@ from swarm.errors import NoRoute, SwarmError
 from swarm.route.chains import ChainReport, analyze_chains
 from swarm.route.plan import RoutePlan, layer_ranges, plan_route
 from swarm.route.snapshot import peer_spans
+from swarm.relay import dial as relay_dial
+from swarm.relay.handshake import RelayIdentity
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,7 @@ class StatusReport:
                 f"{p.prefill_tokens_per_s:.0f}",
                 str(p.free_cache_tokens),
                 f"{p.sessions_free}/{p.max_sessions}",
-                _rtt_words(self.rtt_ms, p.peer_id),
+                _rtt_words(self.rtt_ms, p.peer_id) + (" (relayed)" if p.relay_addrs else ""),
                 "no answer" if p in silent
                 else f"dead end ({_DEAD_END_WORDS[dead[p.peer_id]]})" if p.peer_id in dead else "ok",
                 p.public_name or "",
@@ -205,11 +207,15 @@ def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
 
 
 async def _ping_all(conn: SwarmConnection, peers) -> dict[str, float | None]:
-    """Ping round trip (ms) of each announced peer at its announced addresses; None: no answer."""
+    """Ping round trip (ms) of each announced peer at its announced addresses, or through its relay
+    when it announces one (swarm.relay); None: no answer."""
+    identity = RelayIdentity(conn.dht.identity.private_key) if any(a.relay_addrs for a in peers) else None
 
     async def ping(a: Announcement) -> float | None:
         try:
             async with asyncio.timeout(PING_TIMEOUT_S * 2):  # dialling has no timeout of its own
+                if a.relay_addrs:
+                    return await relay_dial.ping(identity, a.relay_addrs, a.peer_id, timeout_s=PING_TIMEOUT_S)
                 return await conn.dht.transport.ping(a.peer_id, a.addrs, timeout_s=PING_TIMEOUT_S)
         except (SwarmError, TimeoutError):
             return None

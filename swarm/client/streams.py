@@ -1,8 +1,9 @@
-"""The `HopTransport` of the swarm client: span streams to peers, direct TCP or through libp2p.
+"""The `HopTransport` of the swarm client: span streams to peers, direct TCP, relayed, or libp2p.
 
 A `P2PLink` is the `HopLink` (swarm/client/link.py) over one framed stream: frames encoded with
-swarm.wire, length-prefixed by swarm.p2p. `P2PTransport` opens a direct stream where the peer
-announces one (swarm.direct) and falls back to libp2p, remembering for a while whose direct
+swarm.wire, length-prefixed by swarm.p2p. `P2PTransport` opens a relayed stream to a peer that
+announces relay addresses (it cannot be dialled: swarm.relay), else a direct stream where the peer
+announces one (swarm.direct), and falls back to libp2p, remembering for a while whose direct
 endpoints did not answer.
 
 This module does not: pair a frame with its answer (the route session does), or read the DHT (the
@@ -20,6 +21,7 @@ from swarm.direct import open_stream
 from swarm.errors import PeerTimeout, PeerUnreachable, SwarmError
 from swarm.limits import SPAN_PROTOCOL
 from swarm.p2p import FramedStream
+from swarm.relay import dial as relay_dial
 from swarm.wire import Close, Error, Frame, decode_frame, encode_frame
 
 CLOSE_TIMEOUT_S = 2.0
@@ -79,8 +81,9 @@ class P2PLink:
 
 
 class P2PTransport:
-    """`HopTransport`: a direct TCP stream where the peer offers one (swarm.direct), else a stream
-    through the client's libp2p daemon, dialling the addresses the directory saw.
+    """`HopTransport`: a relayed stream to a peer behind a relay (swarm.relay), a direct TCP stream
+    where the peer offers one (swarm.direct), else a stream through the client's libp2p daemon,
+    dialling the addresses the directory saw.
 
     Attributes:
         direct: try direct streams at all (False: libp2p only, e.g. to compare the two).
@@ -95,6 +98,14 @@ class P2PTransport:
     async def connect(self, peer_id: str, timeout_s: float) -> P2PLink:
         """Open a span stream to `peer_id`, direct when it can. Raises PeerUnreachable, or PeerTimeout
         past timeout_s."""
+        relays = self._directory.relay_addrs(peer_id)
+        if relays:
+            try:
+                stream = await relay_dial.dial(self._directory.identity, relays, peer_id, SPAN_PROTOCOL, timeout_s)
+                return P2PLink(peer_id, stream, "relayed")
+            except PeerUnreachable:
+                if not self._directory.addrs(peer_id):
+                    raise
         endpoints = self._directory.direct_addrs(peer_id)
         failed = self._direct_failed.get(peer_id)
         recent = (failed is not None and failed[0] == endpoints

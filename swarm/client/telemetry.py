@@ -22,8 +22,9 @@ class HopTelemetry:
         steps: frames exchanged (prefill chunks + decode steps).
         reused_tokens: prompt tokens the hop restored from a prefix snapshot instead of computing.
         fetched_from: peer id the hop fetched that snapshot from during Open ("": its own, or none).
-        transport: how the hop's frames travelled: "direct" (a TCP stream, swarm.direct), "libp2p"
-            (through the p2pd daemons) or "sim".
+        transport: how the hop's frames travelled: "direct" (a TCP stream, swarm.direct), "relayed"
+            (spliced through a relay, sealed end to end: swarm.relay), "libp2p" (through the p2pd
+            daemons) or "sim".
         direct_error: why the hop went through libp2p although its peer offers direct endpoints
             ("" when it did not).
         pushed_steps: steps whose input the previous hop's peer pushed straight to this hop (server

@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Optional, Sequence
+from typing import Awaitable, Callable, Optional, Sequence
 
 import hivemind
 import tenacity
@@ -369,9 +369,10 @@ def run_dht_only(
     port: int,
     data_dir: Optional[str | os.PathLike],
     public_address: Optional[str] = None,
+    service: Optional[Callable[["SwarmDHT"], Awaitable[Callable[[], Awaitable[None]]]]] = None,
 ) -> None:
-    """`swarm dht`: run a DHT-only peer, print its multiaddrs one per line on stdout, block until
-    SIGINT/SIGTERM, then shut down cleanly.
+    """`swarm dht`: run a DHT-only peer (and `service(node)`, the relay, which returns its stop), print
+    its multiaddrs one per line on stdout, block until SIGINT/SIGTERM, then shut down cleanly.
 
     Raises:
         AddressError, IdentityError, DHTError: as SwarmDHT.start.
@@ -381,6 +382,7 @@ def run_dht_only(
         node = await SwarmDHT.start(
             initial_peers, host=host, port=port, data_dir=data_dir, public_address=public_address
         )
+        stop_service = None if service is None else await service(node)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -391,6 +393,7 @@ def run_dht_only(
             sys.stdout.flush()
             await stop.wait()
         finally:
+            await (stop_service or node.shutdown)()
             await node.shutdown()
 
     asyncio.run(main())

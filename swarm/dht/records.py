@@ -59,6 +59,9 @@ class Announcement:
             which tells clients that a peer they saw fail is back (0.0 in records of older peers).
         direct_addrs: TCP multiaddrs of the peer's direct-stream listener (swarm.direct), at most
             MAX_ADDRS; empty when it offers none (and in records of older peers).
+        relay_addrs: where a peer that cannot be dialled is reached through a relay
+            (swarm.relay.records.relay_addr: the relay's TCP endpoint and peer id), at most MAX_ADDRS;
+            empty for a reachable peer (and in records of older peers).
     """
 
     peer_id: str
@@ -77,6 +80,7 @@ class Announcement:
     expires_at: float
     started_at: float = 0.0
     direct_addrs: tuple[str, ...] = ()
+    relay_addrs: tuple[str, ...] = ()
 
 
 _Addr = constr(strict=True, min_length=1, max_length=MAX_ADDR_CHARS)
@@ -101,6 +105,7 @@ class AnnouncementSchema(pydantic.BaseModel):
     expires_at: confloat(strict=True, ge=0.0, le=1e12)
     started_at: confloat(strict=True, ge=0.0, le=1e12) = 0.0
     direct_addrs: conlist(_Addr, max_items=MAX_ADDRS) = []
+    relay_addrs: conlist(_Addr, max_items=MAX_ADDRS) = []
 
     class Config:
         extra = pydantic.Extra.ignore
@@ -123,6 +128,7 @@ def encode_announcement(ann: Announcement) -> dict[str, Any]:
     record = dataclasses.asdict(ann)
     record["addrs"] = list(ann.addrs)
     record["direct_addrs"] = list(ann.direct_addrs)
+    record["relay_addrs"] = list(ann.relay_addrs)
     for name in ("decode_steps_per_s", "prefill_tokens_per_s", "expires_at", "started_at"):
         record[name] = float(record[name])
     if decode_announcement(record) is None:
@@ -144,4 +150,5 @@ def decode_announcement(record: Any) -> Optional[Announcement]:
     fields = parsed.dict()
     fields["addrs"] = tuple(fields["addrs"])
     fields["direct_addrs"] = tuple(fields["direct_addrs"])
+    fields["relay_addrs"] = tuple(fields["relay_addrs"])
     return Announcement(**fields)

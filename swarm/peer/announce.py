@@ -33,14 +33,20 @@ class Announcer:
         period_s: refresh period, seconds.
         public_name: optional display name.
         direct_addrs: TCP multiaddrs of the peer's direct-stream listener (swarm.direct), if any.
+        relayed: the peer cannot be dialled (`--reachability private`): it announces no libp2p or
+            direct address, only `relay_addrs`.
+    Attributes:
+        relay_addrs: the relay addresses announced (swarm.relay.registrar sets them).
     """
 
     def __init__(self, dht: SwarmDHT, span: Span, period_s: float, public_name: str | None,
-                 direct_addrs: tuple[str, ...] = ()):
+                 direct_addrs: tuple[str, ...] = (), relayed: bool = False):
         self._dht, self._span = dht, span
         self._period_s = period_s
         self._public_name = public_name
-        self._direct_addrs = direct_addrs[:MAX_ADDRS]
+        self._direct_addrs = () if relayed else direct_addrs[:MAX_ADDRS]
+        self._relayed = relayed
+        self.relay_addrs: tuple[str, ...] = ()
         self._started_at = time.time()
 
     def record(self) -> Announcement:
@@ -48,7 +54,8 @@ class Announcer:
         r = self._span.record(self._dht.peer_id, started_at=self._started_at)
         return Announcement(
             peer_id=r.peer_id,
-            addrs=tuple(self._dht.visible_maddrs()[:MAX_ADDRS]),  # a host with many interfaces has more
+            # a host with many interfaces has more
+            addrs=() if self._relayed else tuple(self._dht.visible_maddrs()[:MAX_ADDRS]),
             model_id=self._span.model_id,
             start=r.start,
             end=r.end,
@@ -63,11 +70,21 @@ class Announcer:
             expires_at=0.0,
             started_at=r.incarnation,
             direct_addrs=self._direct_addrs,
+            relay_addrs=self.relay_addrs[:MAX_ADDRS],
         )
 
     async def announce_once(self) -> None:
         """Publish now. Raises DHTError or ProtocolError when no node stores it."""
         await self._dht.announce(self.record(), expiration_s=self._period_s * EXPIRY_PERIODS)
+
+    async def set_relay(self, relay_addrs: tuple[str, ...]) -> None:
+        """Announce these relay addresses now (a relayed peer changed relays); a failed store is
+        logged, the next refresh retries."""
+        self.relay_addrs = relay_addrs
+        try:
+            await self.announce_once()
+        except SwarmError as e:
+            logger.warning("announcement of the new relay failed: %s", e)
 
     async def run(self) -> None:
         """Refresh every period until cancelled; a failed refresh is logged and retried next period."""

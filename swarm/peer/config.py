@@ -13,6 +13,7 @@ from swarm.limits import MAX_CONTEXT_TOKENS, MAX_LAYERS, MAX_RECORD_TTL_S
 from swarm.peer.announce import EXPIRY_PERIODS
 from swarm.netaddr import NetConfig, check_net_config
 from swarm.peer.scheduler import INLINE_MAX_MS
+from swarm.relay.rules import REACHABILITY, RELAY_MODES, RelayLimits
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,12 @@ class ServeConfig:
         metrics_port: serve Prometheus metrics on host:metrics_port (`swarm.peer.metrics`); None: don't.
         direct_port: TCP port on `host` for direct span streams from clients (`swarm.direct`; 0: any
             free port); None: offer none (clients then use libp2p streams).
+        reachability: "public" (others can dial this peer) or "private" (behind a NAT without port
+            forwards: it registers with a relay and announces only relay addresses).
+        relay: "auto" (a private peer is relayed) or "off" (never relayed).
+        relay_service: a public peer relays streams for private ones (`swarm.relay.service`).
+        relay_port: TCP port on `host` of the relay service (0: any free port).
+        relay_limits: the relay service's budget, announced in its offer.
         inline_max_ms: units of executor work measured under this many ms run on the event loop
             thread (`swarm.peer.scheduler.INLINE_MAX_MS`); benchmarks vary it.
     """
@@ -77,6 +84,11 @@ class ServeConfig:
     metrics_port: int | None = None
     direct_port: int | None = 0
     inline_max_ms: float = INLINE_MAX_MS
+    reachability: str = "public"
+    relay: str = "auto"
+    relay_service: bool = True
+    relay_port: int = 0
+    relay_limits: RelayLimits = RelayLimits()
 
 
 def check_config(cfg: ServeConfig) -> NetConfig:
@@ -100,6 +112,12 @@ def check_config(cfg: ServeConfig) -> NetConfig:
     port = cfg.direct_port
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535):
         raise AddressError(f"--direct-port must be an integer in 0..65535, got {port!r:.40}")
+    if cfg.reachability not in REACHABILITY or cfg.relay not in RELAY_MODES:
+        raise SwarmError(f"--reachability must be one of {REACHABILITY} and --relay one of {RELAY_MODES}, "
+                         f"got {cfg.reachability!r:.40} and {cfg.relay!r:.40}")
+    port = cfg.relay_port
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise AddressError(f"--relay-port must be an integer in 0..65535, got {port!r:.40}")
     port = cfg.metrics_port
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535):
         raise AddressError(f"--metrics-port must be in 1..65535, got {port!r:.40}")

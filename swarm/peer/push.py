@@ -37,8 +37,8 @@ PUSH_SETUP_WAIT_S = 1.0
 """The first push of a chain waits at most this long for the push stream to open; then that step,
 and any later one while it is still opening, is not pushed (the client relays it)."""
 
-Dial = Callable[[str, tuple[str, ...], tuple[str, ...]], Awaitable[FramedStream]]
-"""Opens a PUSH_PROTOCOL stream to (peer id, multiaddrs, direct endpoints)."""
+Dial = Callable[[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]], Awaitable[FramedStream]]
+"""Opens a PUSH_PROTOCOL stream to (peer id, multiaddrs, direct endpoints, relay addresses)."""
 
 
 @dataclass(eq=False)
@@ -134,7 +134,7 @@ async def _connect(dial: Dial, chain: Chain) -> FramedStream:
         PeerUnreachable: no stream, or the next hop refused the attach.
         PeerTimeout: no answer within OPEN_TIMEOUT_S.
     """
-    stream = await dial(chain.next_peer, chain.next_addrs, chain.next_direct)
+    stream = await dial(chain.next_peer, chain.next_addrs, chain.next_direct, chain.next_relay)
     try:
         await stream.send(encode_frame(Attach(chain.next_session)))
         reply = decode_frame(await stream.recv(OPEN_TIMEOUT_S))

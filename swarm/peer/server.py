@@ -1,9 +1,10 @@
 """`swarm serve`: the composition root of a peer.
 
 Builds the parts in order and wires them together; the parts receive their collaborators:
-config check → BitTorrent and direct-stream ports → DHT node → the span (swarm/peer/build.py: model
-file, layers, executor, measured `Span`) → stream handlers → metrics → announcer → rebalancer. On
-SIGINT/SIGTERM it withdraws the announcement, tells every open session's client, and stops.
+config check → BitTorrent, direct-stream and relay ports → DHT node → the span (swarm/peer/build.py:
+model file, layers, executor, measured `Span`) → stream handlers → metrics → relay registration (a
+private peer) → announcer → relay offer (a public one) → rebalancer. On SIGINT/SIGTERM it withdraws
+the announcement, tells every open session's client, and stops.
 
 A peer started without `--layers` chooses its span with `swarm.route.placement.choose_span`, sized
 by the memory it gives, and re-evaluates it every `rebalance_period_s` (`swarm.peer.rebalance`);
@@ -23,9 +24,10 @@ from swarm import eventloop
 from swarm.arch import servable_row
 from swarm.artifacts.session import ArtifactSession, SessionConfig
 from swarm.direct import DirectServer, direct_maddrs, open_stream
+from swarm.dht.identity import load_or_create_identity
 from swarm.dht.node import SwarmDHT
 from swarm.errors import SwarmError
-from swarm.limits import PUSH_PROTOCOL, SNAPSHOT_PROTOCOL, SPAN_PROTOCOL
+from swarm.limits import PING_PROTOCOL, PUSH_PROTOCOL, SNAPSHOT_PROTOCOL, SPAN_PROTOCOL
 from swarm.manifest import build_manifest
 from swarm.models import is_model_id, resolve_model
 from swarm.netaddr import bt_hosts
@@ -36,7 +38,13 @@ from swarm.peer.handler import PeerStreams, handle_push, handle_stream
 from swarm.peer.metrics import PeerMetrics
 from swarm.peer.rules import SHUTTING_DOWN_MESSAGE
 from swarm.peer.span import Span
+from swarm.p2p import echo_until_closed
 from swarm.proctree import descendants
+from swarm.relay import dial as relay_dial
+from swarm.relay.handshake import RelayIdentity
+from swarm.relay.registrar import RelayRegistrar
+from swarm.relay.rules import relay_roles
+from swarm.relay.service import RelayServer, publish_forever
 from swarm.wire import Error, ErrorCode, encode_frame
 
 logger = logging.getLogger(__name__)
@@ -45,6 +53,8 @@ PUSH_DIAL_TIMEOUT_S = 10.0
 """Opening a push stream to the next hop gives up after this long (its pushes then go by the client)."""
 SHUTDOWN_STEP_S = 10.0
 """Each shutdown step (withdraw, DHT stop) gives up after this long, so a peer always exits."""
+RELAY_WAIT_S = 30.0
+"""A private peer waits this long for its first relay registration before announcing without one."""
 
 
 async def serve(
@@ -68,8 +78,11 @@ async def serve(
     # process) starts.
     artifacts = ArtifactSession(SessionConfig(listen_host=net.host, listen_port=net.bt_port))
     direct = None if cfg.direct_port is None else DirectServer()
+    roles = relay_roles(cfg.reachability, cfg.relay, cfg.relay_service)
+    relay = RelayServer(load_or_create_identity(cfg.data_dir).peer_id, cfg.relay_limits) if roles.serve else None
     try:
         direct_port = None if direct is None else await direct.listen(net.host, cfg.direct_port)
+        relay_port = None if relay is None else await relay.listen(net.host, cfg.relay_port)
         dht = await SwarmDHT.start(
             cfg.initial_peers,
             host=net.host,
@@ -78,8 +91,9 @@ async def serve(
             public_address=net.public_address,
         )
     except BaseException:
-        if direct is not None:
-            await direct.close()
+        for server in (direct, relay):
+            if server is not None:
+                await server.close()
         artifacts.close()
         raise
     try:
@@ -87,7 +101,8 @@ async def serve(
         for maddr in dht.visible_maddrs():
             print(maddr, flush=True)
         span, path, manifest, publication = await open_span(cfg, dht, artifacts, local_path)
-        streams = PeerStreams(span, dial=partial(_dial_push, dht.transport))
+        identity = RelayIdentity(dht.identity.private_key)
+        streams = PeerStreams(span, dial=partial(_dial_push, dht.transport, identity))
         if cfg.debug_die_after_pushes:
             streams.after_push = partial(_die_after, [cfg.debug_die_after_pushes])
         span_handler = partial(handle_stream, streams)
@@ -107,17 +122,33 @@ async def serve(
             await dht.transport.serve(
                 SNAPSHOT_PROTOCOL, partial(_serve_snapshot, span, cfg.debug_tamper_snapshots)
             )
-        announcer = Announcer(dht, span, cfg.announce_period_s, cfg.public_name, direct_addrs)
+        announcer = Announcer(dht, span, cfg.announce_period_s, cfg.public_name, direct_addrs, roles.use)
+        tasks = []
+        if roles.use:
+            registrar = RelayRegistrar(dht, identity, dht.transport, {
+                SPAN_PROTOCOL: span_handler, PUSH_PROTOCOL: push_handler, PING_PROTOCOL: echo_until_closed,
+            }, announcer.set_relay)
+            tasks.append(asyncio.create_task(registrar.run()))
+            try:
+                await asyncio.wait_for(registrar.registered.wait(), RELAY_WAIT_S)
+            except asyncio.TimeoutError:
+                logger.warning("no relay registration within %.0f s: clients cannot reach this peer yet",
+                               RELAY_WAIT_S)
+        if relay is not None:
+            endpoints = direct_maddrs(bt_hosts(net, dht.visible_maddrs()), relay_port)
+            tasks.append(asyncio.create_task(publish_forever(dht, relay, endpoints, cfg.announce_period_s)))
         await announcer.announce_once()
         print(
             f"serving layers {span.start}:{span.end} of {manifest.model_id} as {dht.peer_id}"
-            + (f", direct streams on port {direct_port}" if direct is not None else ""),
+            + (f", direct streams on port {direct_port}" if direct is not None else "")
+            + (f", relaying for others on port {relay_port}" if relay is not None else "")
+            + (f", reached through relay {announcer.relay_addrs[0]}" if announcer.relay_addrs else ""),
             file=sys.stderr,
             flush=True,
         )
         if ready is not None:
             ready.set()
-        tasks = [asyncio.create_task(publication.refresh_forever(dht))]
+        tasks.append(asyncio.create_task(publication.refresh_forever(dht)))
         if span.prefixes is not None:
             tasks.append(asyncio.create_task(span.prefixes.publish_forever(cfg.announce_period_s)))
         if cfg.layers is None and cfg.rebalance_period_s > 0:
@@ -131,8 +162,9 @@ async def serve(
             await asyncio.gather(*tasks, return_exceptions=True)
         await _shutdown(span, streams, announcer)
     finally:
-        if direct is not None:
-            await direct.close()
+        for server in (direct, relay):
+            if server is not None:
+                await server.close()
         await asyncio.to_thread(artifacts.close)
         try:
             await asyncio.wait_for(dht.shutdown(), SHUTDOWN_STEP_S)
@@ -149,8 +181,12 @@ def _die_after(left: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-async def _dial_push(transport, peer_id: str, addrs: tuple[str, ...], endpoints: tuple[str, ...]):
-    """A push stream to the next hop (swarm.peer.handler.Chain): direct when it can, else libp2p."""
+async def _dial_push(transport, identity: RelayIdentity, peer_id: str, addrs: tuple[str, ...],
+                     endpoints: tuple[str, ...], relays: tuple[str, ...]):
+    """A push stream to the next hop (swarm.peer.handler.Chain): through its relay when it has one,
+    else direct when it can, else libp2p."""
+    if relays:
+        return await relay_dial.dial(identity, relays, peer_id, PUSH_PROTOCOL, PUSH_DIAL_TIMEOUT_S)
     opened = await open_stream(transport, peer_id, addrs, endpoints, PUSH_PROTOCOL, PUSH_DIAL_TIMEOUT_S)
     return opened.stream
 

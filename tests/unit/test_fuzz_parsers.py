@@ -1,7 +1,7 @@
 """Property-based fuzzing of every parser that takes bytes (or decoded values) from outside.
 
 Targets: stream frames (swarm.wire), DHT announcement records and the DHT record validator
-(swarm.dht), seeder and manifest records and their zstd parts (swarm.artifacts), torrents,
+(swarm.dht), relay offers, relay hello messages and relay addresses (swarm.relay.records), seeder and manifest records and their zstd parts (swarm.artifacts), torrents,
 manifests (Manifest.from_bytes), GGUF headers as `swarm serve --model PATH` reads them (the
 header scanner and the manifest builder), multiaddrs and hosts, and sampling parameters. Each must
 decode to a valid object or raise the project's own error type: never another exception, and never
@@ -55,6 +55,7 @@ from swarm.artifacts.records import (
 )
 from swarm.artifacts.torrent import make_torrent, parse_torrent, torrent_from_info
 from swarm.dht.records import Announcement, decode_announcement, encode_announcement
+from swarm.relay.records import RelayOffer, decode_message, decode_offer, encode_message, encode_offer, parse_relay_addr
 from swarm.dht.validation import SwarmRecordValidator, check_announcement
 from swarm.errors import AddressError, ArtifactError, ModelError, ProtocolError, RequestError
 from swarm.ggml_bridge.gguf_header import scan
@@ -803,6 +804,24 @@ def check_holdings(data: bytes) -> None:
 
 HOLDINGS = Target("holdings", st.one_of(st.binary(max_size=256), mutated([_HOLDINGS])), check_holdings)
 
+_RELAY_OFFER = encode_offer(RelayOffer("QmRelay", ("/ip4/10.77.0.10/tcp/41000",), 64, 60, 32, 1 << 24))
+_RELAY_MESSAGES = [encode_message("connect", peer="QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"),
+                   encode_message("dial", token=bytes(16)), encode_message("refused", why="BUSY")]
+
+
+def check_relay(data: bytes) -> None:
+    """A relay's offer (DHT blob), its hello messages, and a relay address from an announcement."""
+    offer = _outcome(lambda: decode_offer("QmRelay", data), (), 64 * len(data) + MiB)
+    assert offer is None or (offer.peer_id == "QmRelay" and 0 <= offer.free_peers <= offer.max_peers)
+    message = _outcome(lambda: decode_message(data), ProtocolError, 64 * len(data) + MiB)
+    assert message is None or isinstance(message["op"], str)
+    text = data.decode("utf-8", "replace")
+    parsed = _outcome(lambda: parse_relay_addr(text), (), MiB)
+    assert parsed is None or 0 < parsed[1] <= 65535
+
+
+RELAY = Target("relay", st.one_of(st.binary(max_size=256), mutated([_RELAY_OFFER, *_RELAY_MESSAGES])), check_relay)
+
 TARGETS = (
     WIRE,
     ANNOUNCEMENT,
@@ -817,6 +836,7 @@ TARGETS = (
     SAMPLING,
     SNAPSHOT,
     HOLDINGS,
+    RELAY,
 )
 
 test_fuzz_wire = build_test(WIRE, SUITE_EXAMPLES, derandomize=True)
@@ -832,6 +852,7 @@ test_fuzz_address = build_test(ADDRESS, SUITE_EXAMPLES, derandomize=True)
 test_fuzz_sampling = build_test(SAMPLING, SUITE_EXAMPLES, derandomize=True)
 test_fuzz_snapshot = build_test(SNAPSHOT, SUITE_EXAMPLES // 3, derandomize=True)
 test_fuzz_holdings = build_test(HOLDINGS, SUITE_EXAMPLES, derandomize=True)
+test_fuzz_relay = build_test(RELAY, SUITE_EXAMPLES, derandomize=True)
 
 
 def test_every_target_has_a_suite_test():

@@ -118,9 +118,9 @@ def test_generation_mismatch_is_refused_before_the_header():
 def test_a_generation_4_peer_is_refused():
     # generation 5 dropped Forward.sample: a generation-4 Forward (which still carries it) is refused
     # by its first byte, as the peer's handler refuses any mismatch at the handshake
-    assert PROTOCOL_GENERATION == 5
+    assert PROTOCOL_GENERATION == 6
     body = _raw(_fwd_header(sample=True), bytes(16), generation=4)
-    with pytest.raises(ProtocolError, match="peer speaks protocol generation 4, this one speaks 5"):
+    with pytest.raises(ProtocolError, match="peer speaks protocol generation 4, this one speaks 6"):
         decode_frame(body)
 
 
