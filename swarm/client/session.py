@@ -52,8 +52,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from swarm.client.checks import HopRecord, SpotChecks
 from swarm.client.link import HopLink, HopTransport, PeerDirectory, error_of
-from swarm.client.telemetry import FailoverEvent, GenerationTelemetry, HopTelemetry
+from swarm.client.telemetry import CheckEvent, FailoverEvent, GenerationTelemetry, HopTelemetry
 from swarm.errors import NoRoute, ProtocolError, SessionTooLong, SwarmError
 from swarm.route.failover import (
     Exclusions, FailoverPolicy, FailureReason, backoff_s, failure_reason, step_timeout_s,
@@ -166,6 +167,9 @@ class RouteSession:
         """Prompt tokens the route restored from snapshots at open (the prefill starts there)."""
         self._offers: tuple[tuple[int, bytes], ...] = ()
         self._prefix_rows: Callable[[int], np.ndarray] | None = None
+        self.checks: SpotChecks | None = None
+        """Spot checks of the hops (swarm/client/checks.py); None: none. A peer they catch is
+        dropped before the next step and the route rebuilt (`_drop_caught`)."""
 
     @property
     def route(self) -> list[str]:
@@ -205,6 +209,7 @@ class RouteSession:
         Raises:
             SwarmError: more than policy.max_failovers failovers, or no replacement for a failed hop.
         """
+        await self._apply_checks()
         pos0, i, x0 = self.pos, 0, x
         pushed_step: int | None = None  # the step hop i's input was pushed with (None: send it)
         rewind = push = False
@@ -227,6 +232,8 @@ class RouteSession:
             hop.inputs.append(x)
             if isinstance(reply, Token):
                 self.pos += x.shape[0]
+                if self.checks is not None:
+                    self.checks.after_step(x.shape[0], self._check_records)
                 return reply
             x, i = np.asarray(reply.hidden, dtype=np.float32), i + 1
             pushed_step = reply.step if reply.pushed else None
@@ -235,7 +242,10 @@ class RouteSession:
         raise NoRoute("the route has no hops")
 
     async def close(self) -> None:
-        """Close every link this session opened, half-opened ones too, and drop recorded inputs."""
+        """Close every link this session opened, half-opened ones too, and drop recorded inputs;
+        stop the spot checks in flight (or wait for them: `SpotChecks.settle_on_close`)."""
+        if self.checks is not None:
+            await self.checks.close()
         for hop in self._hops:
             hop.inputs.clear()
         self._hops = []
@@ -335,6 +345,49 @@ class RouteSession:
             except SwarmError:
                 continue
             hop.acks_due += 1
+
+    # -- spot checks -------------------------------------------------------------------------------
+
+    def _check_records(self) -> list[HopRecord]:
+        """Copies of what a spot check of each checkable hop needs: every non-last hop that computed
+        every step from position 0, whose answers the next hop recorded step for step."""
+        out = []
+        for hop, nxt in zip(self._hops, self._hops[1:]):
+            if hop.base or nxt.base or len(hop.inputs) != len(nxt.inputs) or not hop.inputs:
+                continue
+            if any(a.shape != b.shape for a, b in zip(hop.inputs, nxt.inputs)):
+                continue
+            out.append(HopRecord(hop.span, tuple(hop.inputs), tuple(nxt.inputs), self._offers, self._step))
+        return out
+
+    async def _apply_checks(self) -> None:
+        """Drop every hop a spot check caught since the last step, rebuilding the route."""
+        if self.checks is None:
+            return
+        for event in self.checks.take_caught():
+            i = next((k for k, h in enumerate(self._hops) if h.peer_id == event.peer_id), None)
+            if i is not None:
+                await self._drop_caught(i, event)
+
+    async def _drop_caught(self, i: int, caught: CheckEvent) -> None:
+        """Replace hop i, caught computing wrong, by rebuilding the whole route: every later hop's KV
+        cache holds states computed from its wrong outputs, so the route is replayed from the
+        embedded rows (the spot check already excluded the peer)."""
+        hop, t0 = self._hops[i], self._now()
+        if len(self.telemetry.failovers) >= self.policy.max_failovers:
+            raise SwarmError(f"gave up after {self.policy.max_failovers} failovers in one generation")
+        message = (f"spot check: rel L2 {caught.rel_l2:.3g} outside the band {caught.max_rel_l2:.3g} "
+                   f"at position {caught.position}")
+        event = FailoverEvent(hop.peer_id, hop.span.start, hop.span.end, FailureReason.WRONG_OUTPUT.value,
+                              message, self.pos)
+        self.telemetry.failovers.append(event)
+        self._hops = await self._rebuild()
+        self.telemetry.route = [h.telemetry for h in self._hops]
+        await self._chain()
+        event.restored_tokens = min(h.base for h in self._hops)
+        event.replayed_tokens = self.pos - event.restored_tokens
+        event.replacements = [h.peer_id for h in self._hops]
+        event.stall_ms = (self._now() - t0) * 1000.0
 
     # -- failover ----------------------------------------------------------------------------------
 
@@ -481,7 +534,8 @@ class RouteSession:
                 self._exclusions.add(s.peer_id, FailureReason.UNREACHABLE, now, s.incarnation)
         exclude = self._exclusions.active(now, {s.peer_id: s.incarnation for s in spans})
         plan = plan_route(
-            spans, self.spec.n_layers, self.spec.n_tokens, start=start, end=end, exclude=exclude
+            spans, self.spec.n_layers, self.spec.n_tokens, start=start, end=end, exclude=exclude,
+            penalty_ms=self.checks.penalties() if self.checks is not None else None,
         )
         return plan.hops, {s.peer_id: s for s in spans}
 

@@ -36,6 +36,7 @@ from swarm.peer import rules
 from swarm.peer.push import OPEN_TIMEOUT_S, Dial, PushState, send_error, serve_push
 from swarm.peer.scheduler import StepOutput
 from swarm.peer.span import Span
+from swarm.peer.testlie import Liar
 from swarm.sampling import SamplingParams, sample
 from swarm.wire import (
     Chain,
@@ -63,6 +64,8 @@ class PeerStreams:
         after_push: test hook called after each push, before the client's copy is sent.
         open: live stream handlers' streams, so shutdown can tell their clients.
         live: open sessions by session id (push streams find theirs here).
+        liar: TEST ONLY (`SWARM_TEST_LIE`, swarm/peer/testlie.py): corrupts the hidden states
+            answered and pushed; None on every normal peer.
     """
 
     span: Span
@@ -71,6 +74,7 @@ class PeerStreams:
     after_push: Callable[[], None] | None = None
     open: set = field(default_factory=set)
     live: dict[bytes, _Session] = field(default_factory=dict)
+    liar: Liar | None = None
 
 
 @dataclass
@@ -195,7 +199,7 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
         all_logits = frame.want_logits and frame.all_logits
         restore = (frame.restore, prefixes.restorable.get(frame.restore)) if frame.restore else None
         reply = await span.forward(slot, frame.pos0, frame.hidden, all_logits=all_logits, steps=frame.steps,
-                                   finish=lambda out: _reply(span, frame, out, session.sampling),
+                                   finish=lambda out: _reply(span, frame, out, session.sampling, streams.liar),
                                    restore=restore)
         if span.prefixes is not None and rules.keeps_prefix(prefixes.offers, prefixes.kept, slot.pos):
             prefixes.kept = True  # the whole offered prompt is in the cache: keep it once
@@ -210,14 +214,17 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
     raise RequestError(f"unexpected {type(frame).__name__} frame in an open session")
 
 
-def _reply(span: Span, frame: Forward, r: StepOutput, sampling: SamplingParams) -> Hidden | Token:
-    """The answer to a computed Forward: its hidden states, or on the last span the sampled token.
+def _reply(span: Span, frame: Forward, r: StepOutput, sampling: SamplingParams,
+           liar: Liar | None = None) -> Hidden | Token:
+    """The answer to a computed Forward: its hidden states, or on the last span the sampled token
+    (a test liar's corrupted hidden states instead, swarm/peer/testlie.py).
 
     Raises:
         RequestError: the logits cannot be sampled (`swarm.sampling.sample`).
     """
     if not span.is_last:
-        return Hidden(step=frame.step, hidden=r.out, compute_ms=r.compute_ms)
+        out = r.out if liar is None else liar.corrupt(r.out, frame.pos0, frame.steps)
+        return Hidden(step=frame.step, hidden=out, compute_ms=r.compute_ms)
     t0 = time.perf_counter()
     s = sample(r.out[-1], sampling, position=frame.pos0 + frame.n_tokens)
     return Token(

@@ -36,6 +36,7 @@ from swarm.peer.handler import PeerStreams, handle_push, handle_stream
 from swarm.peer.metrics import PeerMetrics
 from swarm.peer.rules import SHUTTING_DOWN_MESSAGE
 from swarm.peer.span import Span
+from swarm.peer import testlie
 from swarm.proctree import descendants
 from swarm.wire import Error, ErrorCode, encode_frame
 
@@ -86,8 +87,10 @@ async def serve(
         artifacts.advertise(bt_hosts(net, dht.visible_maddrs()))
         for maddr in dht.visible_maddrs():
             print(maddr, flush=True)
-        span, path, manifest, publication = await open_span(cfg, dht, artifacts, local_path)
-        streams = PeerStreams(span, dial=partial(_dial_push, dht.transport))
+        liar = testlie.from_env()
+        span, path, manifest, publication = await open_span(cfg, dht, artifacts, local_path,
+                                                            lazy=liar.lazy if liar else "")
+        streams = PeerStreams(span, dial=partial(_dial_push, dht.transport), liar=liar)
         if cfg.debug_die_after_pushes:
             streams.after_push = partial(_die_after, [cfg.debug_die_after_pushes])
         span_handler = partial(handle_stream, streams)

@@ -1,0 +1,127 @@
+"""Spot checks of a route session's hops (swarm/client/checks.py) over simulated span peers.
+
+The simulated peers (sim/transport.py) compute exactly, so an honest replay equals the checked
+peer's answers bit for bit, and a peer scripted to lie ("lie": wrong low halves of its hidden
+states after a number of Forward frames) is outside any band.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+
+from sim.transport import SimSwarm, SpanPeer, VirtualClock, embed
+from swarm.client.checks import CheckContext, SpotChecks
+from swarm.client.session import RouteSession, SessionSpec
+from swarm.client.telemetry import GenerationTelemetry
+from swarm.route.failover import Exclusions, FailoverPolicy, FailureReason
+from swarm.route.verify import DEFAULT_BAND, CheckPolicy, Standing
+from swarm.sampling import SamplingParams
+
+N_LAYERS = 30
+PROMPT = [11, 22, 33, 44, 55, 66, 77]
+N_NEW = 24
+POLICY = FailoverPolicy(replay_chunk_tokens=4)
+
+
+def swarm_of(liar_fault: str = "", lie_after: int = 0, third: bool = True) -> list[SpanPeer]:
+    """0:10, 10:20 ("m1", preferred by a lower RTT; `liar_fault` after `lie_after` Forwards), 10:20
+    ("m2", and "m3" when `third`), 20:30."""
+    peers = [
+        SpanPeer("a", 0, 10, N_LAYERS),
+        SpanPeer("m1", 10, 20, N_LAYERS, rtt_ms=0.5, fault=liar_fault, fault_after=lie_after),
+        SpanPeer("m2", 10, 20, N_LAYERS, rtt_ms=5.0),
+        SpanPeer("z", 20, 30, N_LAYERS),
+    ]
+    if third:
+        peers.append(SpanPeer("m3", 10, 20, N_LAYERS, rtt_ms=6.0))
+    return peers
+
+
+def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | None = None):
+    """Prefill PROMPT in chunks of 3, decode N_NEW tokens with spot checks; returns (tokens,
+    telemetry, exclusions, standing)."""
+    clock = VirtualClock()
+    swarm = SimSwarm(peers, clock)
+    exclusions = Exclusions(POLICY.exclusion_s)
+    standing = standing or Standing(check)
+    telemetry = GenerationTelemetry(backend="sim")
+    spec = SessionSpec("ab" * 8, "client", N_LAYERS, len(PROMPT) + N_NEW, SamplingParams())
+
+    async def go() -> list[int]:
+        s = RouteSession(spec, swarm, swarm, exclusions, telemetry, POLICY, now=clock.now, sleep=clock.sleep,
+                         rng=random.Random(0))
+        s.checks = SpotChecks(CheckContext(check, DEFAULT_BAND, standing), spec, swarm, swarm, exclusions,
+                              POLICY, telemetry, now=clock.now, rng=random.Random(1))
+        s.checks.settle_on_close = True
+        try:
+            await s.open()
+            x = np.concatenate([embed(t) for t in PROMPT])
+            for i in range(0, len(PROMPT), 3):
+                tok = await s.step(x[i : i + 3])
+            tokens = [tok.token]
+            while len(tokens) < N_NEW:
+                tokens.append((await s.step(embed(tokens[-1]))).token)
+                await asyncio.sleep(0)  # let the check tasks run beside the steps, as on a real loop
+            return tokens
+        finally:
+            await s.close()
+        assert swarm.open_sessions() == 0
+
+    return asyncio.run(go()), telemetry, exclusions, standing
+
+
+EVERY_STEP = CheckPolicy(rate=1.0, first_check_step=0, seed=5)
+
+
+def test_honest_peers_are_never_flagged_and_the_text_is_unchanged():
+    plain, _, _, _ = generate(swarm_of(), CheckPolicy(rate=0.0, first_check_step=-1))
+    tokens, t, exclusions, standing = generate(swarm_of(), EVERY_STEP)
+    assert tokens == plain
+    assert len(t.checks) >= N_NEW - 2 and {c.verdict for c in t.checks} == {"ok"}
+    assert all(c.peer_id == "m1" and c.rel_l2 == 0.0 and c.checkers == ["m2"] for c in t.checks)
+    assert t.failovers == [] and standing.penalties(0.0) == {}
+
+
+def test_a_lying_hop_is_caught_dropped_and_the_route_rebuilt_without_it():
+    tokens, t, exclusions, standing = generate(swarm_of("lie", lie_after=6), EVERY_STEP)
+    caught = [c for c in t.checks if c.verdict != "ok"]
+    assert caught and all((c.peer_id, c.verdict) == ("m1", "caught") for c in caught)
+    first = caught[0]
+    # m1 computed 3 prompt chunks and 3 decode steps honestly: the first wrong row is the next one
+    assert first.position == len(PROMPT) + 3 and first.rel_l2 > DEFAULT_BAND.max_rel_l2
+    assert first.checkers == ["m2", "m3"]  # the second checker agreed with the first
+    [f] = t.failovers
+    assert (f.peer_id, f.reason) == ("m1", FailureReason.WRONG_OUTPUT.value)
+    assert "m1" not in f.replacements and [h.peer_id for h in t.route] == f.replacements
+    assert f.replayed_tokens == f.position  # the whole route replayed from the embedded rows
+    assert exclusions.reason("m1") is FailureReason.WRONG_OUTPUT
+    assert standing.penalties(0.0) == {"m1": CheckPolicy().penalty_ms}
+    assert len(tokens) == N_NEW
+
+
+def test_without_a_second_checker_the_checked_peer_is_caught():
+    _, t, _, _ = generate(swarm_of("lie", lie_after=6, third=False), EVERY_STEP)
+    caught = [c for c in t.checks if c.verdict != "ok"]
+    assert caught[0].peer_id == "m1" and caught[0].checkers == ["m2"]
+
+
+def test_a_lying_checker_is_outvoted_and_caught_instead():
+    """m2, the first checker (cheaper than m3), lies from its first Forward; m1 is honest."""
+    peers = swarm_of()
+    peers[2].fault, peers[2].fault_after = "lie", 0
+    tokens, t, exclusions, _ = generate(peers, CheckPolicy(rate=0.0, first_check_step=2, seed=5))
+    verdicts = [(c.peer_id, c.verdict) for c in t.checks]
+    assert verdicts == [("m1", "checker_lied"), ("m2", "caught")]
+    assert exclusions.reason("m2") is FailureReason.WRONG_OUTPUT and exclusions.reason("m1") is None
+    assert t.failovers == []  # m1 stays in the route
+
+
+def test_a_caught_peer_costs_more_in_later_routes():
+    standing = Standing(EVERY_STEP)
+    generate(swarm_of("lie", lie_after=6), EVERY_STEP, standing)
+    # a fresh client session (exclusions not shared) still routes around it by price
+    _, t, _, _ = generate(swarm_of(), CheckPolicy(rate=0.0, first_check_step=-1), standing)
+    assert [h.peer_id for h in t.route][1] == "m2"
