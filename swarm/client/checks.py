@@ -30,9 +30,11 @@ the route (swarm/client/session.py does, between steps).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -138,7 +140,7 @@ class SpotChecks:
             return
         first = self._schedule.pick(range(len(candidates)))
         order = candidates[first:] + candidates[:first]
-        task = asyncio.ensure_future(self._check_first(order))
+        task = asyncio.ensure_future(self._check_first(order, step))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -162,14 +164,14 @@ class SpotChecks:
 
     # -- one check -------------------------------------------------------------------------------
 
-    async def _check_first(self, order: list[HopRecord]) -> None:
+    async def _check_first(self, order: list[HopRecord], decode_step: int) -> None:
         """Check the first hop of `order` that another peer can replay."""
         for record in order:
-            event = await self._check(record)
+            event = await self._check(record, decode_step)
             if event is not None:
                 return
 
-    async def _check(self, record: HopRecord) -> CheckEvent | None:
+    async def _check(self, record: HopRecord, decode_step: int) -> CheckEvent | None:
         """Replay `record` on a checker (a second one on disagreement); None: nobody could."""
         span = record.span
         claimed = np.concatenate(record.outputs)
@@ -179,6 +181,7 @@ class SpotChecks:
         checkers, ref = first
         m = compare(claimed, ref)
         event = self._event(record, m, checkers, "ok")
+        event.decode_step = decode_step
         if not m.within(self.ctx.band):
             second = await self._recompute(record, frozenset({span.peer_id, *checkers}))
             if second is not None and compare(second[1], ref).within(self.ctx.band):
@@ -194,6 +197,7 @@ class SpotChecks:
             self._punish(event, span.peer_id, span.incarnation)
         elif event.verdict == "checker_lied" and len(checkers) == 1:
             liar = self._event(record, compare(ref, claimed), [span.peer_id], "caught", checkers[0])
+            liar.decode_step = decode_step
             self.telemetry.checks.append(liar)
             self._punish(liar, checkers[0], 0.0)
         return event
@@ -224,7 +228,7 @@ class SpotChecks:
             try:
                 self.ctx.evidence_dir.mkdir(parents=True, exist_ok=True)
                 with open(self.ctx.evidence_dir / EVIDENCE_FILE, "a") as f:
-                    f.write(json.dumps({"model_id": self.spec.model_id, **asdict(event)}) + "\n")
+                    f.write(json.dumps({"model_id": self.spec.model_id, "at": time.time(), **asdict(event)}) + "\n")
             except OSError as e:
                 logger.warning("cannot record the evidence: %s", e)
 
@@ -293,3 +297,27 @@ class SpotChecks:
         if isinstance(reply, Error):
             raise error_of(link.peer_id, reply)
         return reply
+
+
+MAX_EVIDENCE_SHOWN = 20
+"""`read_evidence` returns at most this many of the latest lines."""
+
+
+def read_evidence(evidence_dir: Path, model_id: str) -> tuple[dict, ...]:
+    """The latest evidence lines of peers caught on `model_id` (`EVIDENCE_FILE` under `evidence_dir`),
+    oldest first; lines that are not a JSON object with the `CheckEvent` fields are skipped.
+    Never raises: no file is no evidence."""
+    try:
+        text = (evidence_dir / EVIDENCE_FILE).read_text()
+    except OSError:
+        return ()
+    need = {f.name for f in dataclasses.fields(CheckEvent)} | {"model_id", "at"}
+    out = []
+    for line in text.splitlines():
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict) and need <= d.keys() and d["model_id"] == model_id:
+            out.append(d)
+    return tuple(out[-MAX_EVIDENCE_SHOWN:])

@@ -93,6 +93,7 @@ class CheckEvent:
         verdict: "ok", "caught" (outside the band; a second checker, if any, agreed with the first)
             or "checker_lied" (the second checker agreed with the checked peer).
         offences: the caught peer's offences in this client's standing window, with this one.
+        decode_step: the generation's decode step (0-based) after which the check started.
     """
 
     peer_id: str
@@ -107,6 +108,7 @@ class CheckEvent:
     checkers: list[str] = field(default_factory=list)
     verdict: str = "ok"
     offences: int = 0
+    decode_step: int = 0
 
 
 @dataclass

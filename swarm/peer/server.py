@@ -90,6 +90,8 @@ async def serve(
         liar = testlie.from_env()
         span, path, manifest, publication = await open_span(cfg, dht, artifacts, local_path,
                                                             lazy=liar.lazy if liar else "")
+        if liar is not None:
+            span.throughput = liar.boast(span.throughput)
         streams = PeerStreams(span, dial=partial(_dial_push, dht.transport), liar=liar)
         if cfg.debug_die_after_pushes:
             streams.after_push = partial(_die_after, [cfg.debug_die_after_pushes])

@@ -10,6 +10,9 @@ started with it prints a loud warning on stderr. Modes:
   ftype name such as `Q3_K_M` or `Q2_K`), requantized with llama.cpp's own quantizer into
   `$SWARM_HOME/lazy/` (`requantize`); noise modes apply to non-last spans' hidden states only.
 
+A lying peer wants traffic: it announces `BOAST` (10) times its measured speed, so routes take it
+over honest peers of its span (which then serve the checks).
+
 This module does not: decide whether a peer lies anywhere but here (the handler asks `corrupt`,
 the span loader asks `lazy_type`).
 """
@@ -23,9 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
+from swarm.peer.rules import Throughput
+
 ENV = "SWARM_TEST_LIE"
 NOISE_SCALE = 0.05
 """Noise standard deviation as a fraction of each output row's RMS."""
+BOAST = 10.0
+"""A lying peer announces this many times its measured speed."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,10 @@ class Liar:
     every: int = 0
     lazy: str = ""
     seed: int = 0
+
+    def boast(self, measured: Throughput) -> Throughput:
+        """The speed a lying peer announces: `BOAST` times what it measured."""
+        return Throughput(measured.decode_steps_per_s * BOAST, measured.prefill_tokens_per_s * BOAST)
 
     def lies_at(self, pos: int) -> bool:
         """Whether the noise mode lies on the step that starts at position `pos`."""

@@ -63,9 +63,11 @@ class Band:
 
 
 DEFAULT_BAND = Band(
-    max_rel_l2=2e-3, min_cosine=0.99999,
-    source="SmolLM2 Q4_1 and Qwen2.5 Q4_K_M honest replays regrouped into 64-row steps, "
-           "the worst row x4 (scripts/bench_verify.py)",
+    max_rel_l2=0.03, min_cosine=0.9995,
+    source="honest replays are bit-equal over threads 1 and 2 and batches of 1 to 8 sessions; the band "
+           "is about twice the drift of another attention kernel (SmolLM2 span 10:20 with flash "
+           "attention off: rel L2 0.0164, cosine 0.99987), the kind of rounding another machine's "
+           "kernels may add (scripts/bench_verify.py)",
 )
 """The band for a model and quantization type not calibrated yet."""
 

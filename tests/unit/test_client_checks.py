@@ -13,7 +13,8 @@ import random
 import numpy as np
 
 from sim.transport import SimSwarm, SpanPeer, VirtualClock, embed
-from swarm.client.checks import CheckContext, SpotChecks
+from swarm.client.checks import EVIDENCE_FILE, CheckContext, SpotChecks, read_evidence
+from swarm.client.status import status_report
 from swarm.client.session import RouteSession, SessionSpec
 from swarm.client.telemetry import GenerationTelemetry
 from swarm.route.failover import Exclusions, FailoverPolicy, FailureReason
@@ -40,7 +41,7 @@ def swarm_of(liar_fault: str = "", lie_after: int = 0, third: bool = True) -> li
     return peers
 
 
-def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | None = None):
+def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | None = None, evidence_dir=None):
     """Prefill PROMPT in chunks of 3, decode N_NEW tokens with spot checks; returns (tokens,
     telemetry, exclusions, standing)."""
     clock = VirtualClock()
@@ -53,7 +54,7 @@ def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | Non
     async def go() -> list[int]:
         s = RouteSession(spec, swarm, swarm, exclusions, telemetry, POLICY, now=clock.now, sleep=clock.sleep,
                          rng=random.Random(0))
-        s.checks = SpotChecks(CheckContext(check, DEFAULT_BAND, standing), spec, swarm, swarm, exclusions,
+        s.checks = SpotChecks(CheckContext(check, DEFAULT_BAND, standing, evidence_dir), spec, swarm, swarm, exclusions,
                               POLICY, telemetry, now=clock.now, rng=random.Random(1))
         s.checks.settle_on_close = True
         try:
@@ -125,3 +126,14 @@ def test_a_caught_peer_costs_more_in_later_routes():
     # a fresh client session (exclusions not shared) still routes around it by price
     _, t, _, _ = generate(swarm_of(), CheckPolicy(rate=0.0, first_check_step=-1), standing)
     assert [h.peer_id for h in t.route][1] == "m2"
+
+
+def test_the_evidence_is_written_for_swarm_status(tmp_path):
+    _, t, _, _ = generate(swarm_of("lie", lie_after=6), EVERY_STEP, evidence_dir=tmp_path)
+    (tmp_path / EVIDENCE_FILE).open("a").write("not json\n{\"peer_id\": 1}\n")  # junk lines are skipped
+    [line] = read_evidence(tmp_path, "ab" * 8)
+    assert (line["peer_id"], line["verdict"], line["position"]) == ("m1", "caught", len(PROMPT) + 3)
+    assert read_evidence(tmp_path, "cd" * 8) == () and read_evidence(tmp_path / "none", "ab" * 8) == ()
+    report = status_report("ab" * 8, N_LAYERS, [], caught=(line,))
+    assert any(v.startswith("caught computing wrong") and "m1" in v and "10:20" in v for v in report.verdict())
+    assert report.to_dict()["caught"] == [line]

@@ -1,0 +1,224 @@
+"""Spot checks of remote computation: the honest band, detection of lying peers, and the cost.
+
+A loopback swarm of SmolLM2: 0:10, two honest peers for 10:20 (one with 1 thread, one with 2), 20:30.
+Reported (one JSON object on stdout; progress on stderr):
+
+  kernel_proxy: how far honest hidden states of span 10:20 move when the same steps are computed
+      another way, in-process: decode steps regrouped into steps of 2..64 rows, flash attention
+      off. A peer on another kind of machine (other SIMD kernels) rounds differently in the same
+      way; the band (`swarm.route.verify.DEFAULT_BAND`) must sit above these, with a margin.
+  honest: generations of `--tokens` tokens in batches of 1 to 8 concurrent sessions, each checked
+      at its last decode step (every decode row compared), served by the 1-thread peer and checked
+      by the 2-thread one, then the other way round: checked decode steps, the largest measured
+      rel L2 and smallest cosine, and how many checks were flagged (must be 0).
+  liars: per lying mode (`SWARM_TEST_LIE`: noise on every step, on 1 in 10, on 1 in 100, a peer
+      serving Q2_K and Q3_K_M requantizations), `--liar-runs` generations at the default check
+      policy (seed = run number): the decode step whose check caught the liar (None: not caught in
+      `--liar-tokens` tokens), the checks of the liar's hop until then, the measured rel L2, and
+      whether the text equals llama.cpp's whole model.
+  cost: median decode tokens/s without checks and with the default policy (generations
+      alternating), and the relative cost.
+
+    python scripts/bench_verify.py [--tokens 48] [--liar-runs 5] [--liar-tokens 64] [--cost-runs 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from swarm.client.generate import GenerationRequest, TokenStream
+from swarm.client.remote import connect_swarm
+from swarm.ggml_bridge.embed import TokenEmbedder
+from swarm.ggml_bridge.executor import SpanExecutor
+from swarm.localswarm import PeerSet
+from swarm.models import resolve_model
+from swarm.route.failover import Exclusions
+from swarm.route.verify import DEFAULT_BAND, CheckPolicy, Standing, compare
+
+PROMPT = "The old lighthouse keeper climbed the stairs one last time. At the top, he found"
+MODES = ("noise", "noise:10", "noise:100", "lazy:Q2_K", "lazy:Q3_K_M")
+
+
+def serve(path: Path, layers: str, threads: int, *join: str) -> tuple[str, ...]:
+    return ("serve", "--model", str(path), "--layers", layers, "--threads", str(threads),
+            "--cache-tokens", "8192", *join)  # fmt: skip
+
+
+def kernel_proxy(path: Path, tokens: list[int]) -> dict:
+    """rel L2 of span 10:20's outputs computed with regrouped steps or flash attention off, against
+    the outputs of the steps as a client sends them (the prompt, then one row per decode step)."""
+    embedder = TokenEmbedder(path)
+    x = embedder.embed(tokens)
+    n_prompt = len(tokens) - 47
+
+    def run(start: int, end: int, inputs: np.ndarray, group: int, flash: bool = True) -> np.ndarray:
+        ex = SpanExecutor.for_span(path, start, end, n_ctx_tokens=1024, n_seq_max=1, n_threads=1, flash_attn=flash)
+        outs = [ex.forward(0, 0, inputs[:n_prompt])]
+        for i in range(n_prompt, len(inputs), group):
+            outs.append(ex.forward(0, i, inputs[i : i + group]))
+        ex.close()
+        return np.concatenate(outs)
+
+    h10 = run(0, 10, x, 1)
+    ref = run(10, 20, h10, 1)
+    out = {}
+    for label, group, flash in (("rows2", 2, True), ("rows4", 4, True), ("rows8", 8, True), ("rows16", 16, True),
+                                ("rows64", 64, True), ("flash_off", 1, False)):
+        m = compare(run(10, 20, h10, group, flash)[n_prompt:], ref[n_prompt:])
+        out[label] = {"rel_l2": float(f"{m.rel_l2:.3g}"), "cosine": round(m.cosine, 8)}
+    return out
+
+
+def generate(engine, tokenizer, policy: CheckPolicy | None, n_tokens: int) -> TokenStream:
+    engine.check_policy = policy
+    stream = TokenStream(engine, tokenizer, tokenizer.encode(PROMPT), GenerationRequest(max_new_tokens=n_tokens),
+                         backend="swarm")
+    stream.run()
+    return stream
+
+
+def fresh_standing(engine) -> None:
+    """Forget every exclusion and offence: each run starts as a new client would."""
+    engine.exclusions = Exclusions(engine.policy.exclusion_s)
+    engine.checks = dataclasses.replace(engine.checks, standing=Standing(CheckPolicy()))
+
+
+def honest(engine, tokenizer, n_tokens: int, names: dict) -> dict:
+    last = CheckPolicy(rate=0.0, first_check_step=n_tokens - 2)
+    rel, cos, flagged, steps, served = [], [], 0, 0, {}
+    fresh_standing(engine)
+    for steer in (False, True):
+        routed: dict[str, int] = {}
+        for batch in range(1, 9):
+            streams: list[TokenStream] = []
+
+            def one():
+                streams.append(generate(engine, tokenizer, last, n_tokens))
+
+            threads = [threading.Thread(target=one) for _ in range(batch)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for s in streams:
+                for c in s.telemetry.checks:
+                    rel.append(c.rel_l2)
+                    cos.append(c.cosine)
+                    flagged += c.verdict != "ok"
+                    n = c.rows - s.telemetry.prompt_tokens
+                    steps += n
+                    key = f"{names[c.peer_id]} checked by {','.join(names[p] for p in c.checkers)}"
+                    served[key] = served.get(key, 0) + n
+                    routed[c.peer_id] = routed.get(c.peer_id, 0) + 1
+        if not steer:  # then the other 10:20 peer serves: price the one that did out of routes
+            fresh_standing(engine)
+            engine.checks.standing.record(max(routed, key=routed.get), time.monotonic())
+    return {"checked_decode_steps": steps, "by_peers": served, "flagged": flagged,
+            "max_rel_l2": float(f"{max(rel):.3g}"), "min_cosine": min(cos),
+            "band": dataclasses.asdict(DEFAULT_BAND)}
+
+
+def liars(ps: PeerSet, path: Path, join: tuple[str, ...], engine, tokenizer, want: str, args) -> dict:
+    out = {}
+    for mode in args.modes.split(","):
+        liar = ps.start(f"liar-{mode.replace(':', '-')}", *serve(path, "10:20", 1, *join),
+                        env={"SWARM_TEST_LIE": mode})
+        runs = []
+        for seed in range(args.liar_runs):
+            fresh_standing(engine)
+            s = generate(engine, tokenizer, CheckPolicy(seed=seed), args.liar_tokens)
+            of_liar = [c for c in s.telemetry.checks if c.peer_id == liar.peer_id]
+            caught = next((c for c in of_liar if c.verdict == "caught"), None)
+            runs.append({
+                "routed": s.telemetry.failovers[0].peer_id == liar.peer_id if s.telemetry.failovers
+                else liar.peer_id in [h.peer_id for h in s.telemetry.route],
+                "caught_at_decode_step": caught.decode_step if caught else None,
+                "checks_until_caught": of_liar.index(caught) + 1 if caught else len(of_liar),
+                "rel_l2": float(f"{caught.rel_l2:.3g}") if caught else None,
+                "text_equal": s.result.text == want,
+            })
+            print(json.dumps({mode: runs[-1]}), file=sys.stderr, flush=True)
+        liar.stop()
+        ps.started.remove(liar)
+        steps = [r["caught_at_decode_step"] for r in runs]
+        out[mode] = {"runs": runs, "caught": sum(x is not None for x in steps),
+                     "caught_within_50": sum(x is not None and x < 50 for x in steps),
+                     "text_equal": sum(r["text_equal"] for r in runs)}
+    return out
+
+
+def cost(engine, tokenizer, args) -> dict:
+    plain, checked = [], []
+    for i in range(args.cost_runs):
+        fresh_standing(engine)
+        plain.append(generate(engine, tokenizer, None, args.tokens).telemetry.decode_tokens_per_s)
+        checked.append(generate(engine, tokenizer, CheckPolicy(seed=i), args.tokens).telemetry.decode_tokens_per_s)
+    p, c = statistics.median(plain), statistics.median(checked)
+    return {"plain_tokens_per_s": round(p, 1), "checked_tokens_per_s": round(c, 1),
+            "cost_pct": round(100.0 * (1.0 - c / p), 1), "default_rate": CheckPolicy().rate,
+            "first_check_step": CheckPolicy().first_check_step}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--liar-runs", type=int, default=5)
+    ap.add_argument("--liar-tokens", type=int, default=64)
+    ap.add_argument("--cost-runs", type=int, default=8)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: kernel,honest,liars,cost")
+    args = ap.parse_args()
+    skip = set(args.skip.split(","))
+    path = resolve_model("smollm2-135m", fetch=True)
+    llm = llama_cpp.Llama(str(path), n_ctx=512, n_threads=1, flash_attn=True, verbose=False)
+    want = llm.create_completion(PROMPT, max_tokens=args.liar_tokens, temperature=0.0)["choices"][0]["text"]
+    out: dict = {"model": "smollm2-135m", "tokens": args.tokens}
+    with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp:
+        os.environ["SWARM_HOME"] = tmp  # the client's evidence file
+        if "kernel" not in skip:
+            ids = llm.tokenize(PROMPT.encode())
+            ids += llm.tokenize(want.encode(), add_bos=False)[:47]
+            out["kernel_proxy"] = kernel_proxy(path, ids)
+            print(json.dumps({"kernel_proxy": out["kernel_proxy"]}), file=sys.stderr, flush=True)
+        del llm
+        ps = PeerSet(Path(tmp))
+        try:
+            first = ps.start("a", *serve(path, "0:10", 1, "--new-swarm"))
+            join = ("--initial-peers", first.maddrs[0])
+            h1 = ps.start("h1-threads1", *serve(path, "10:20", 1, *join))
+            h2 = ps.start("h2-threads2", *serve(path, "10:20", 2, *join))
+            ps.start("z", *serve(path, "20:30", 1, *join))
+            tokenizer, engine = connect_swarm(str(path), list(first.maddrs))
+            engine.settle_checks = True
+            try:
+                names = {h1.peer_id: "threads1", h2.peer_id: "threads2"}
+                if "honest" not in skip:
+                    out["honest"] = honest(engine, tokenizer, args.tokens, names)
+                    print(json.dumps({"honest": out["honest"]}), file=sys.stderr, flush=True)
+                if "cost" not in skip:
+                    out["cost"] = cost(engine, tokenizer, args)
+                    print(json.dumps({"cost": out["cost"]}), file=sys.stderr, flush=True)
+                if "liars" not in skip:
+                    out["liars"] = liars(ps, path, join, engine, tokenizer, want, args)
+            finally:
+                engine.close()
+        finally:
+            ps.stop_all()
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
