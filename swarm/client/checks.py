@@ -33,6 +33,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -143,6 +144,21 @@ class SpotChecks:
         task = asyncio.ensure_future(self._check_first(order, step))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def chain_break(self, pusher: PeerSpan, receiver: PeerSpan, position: int) -> None:
+        """Record a receipt that broke the push chain at `position`: `receiver` computed other rows
+        than `pusher` answered it had pushed. Which of the two lied cannot be told (each answers on
+        its own stream), so both get an offence (route pricing) and neither is excluded."""
+        now = self._now()
+        event = CheckEvent(peer_id=pusher.peer_id, start=pusher.start, end=pusher.end, position=position,
+                           rows=1, rel_l2=math.inf, cosine=-1.0, max_rel_l2=self.ctx.band.max_rel_l2,
+                           min_cosine=self.ctx.band.min_cosine, checkers=[receiver.peer_id],
+                           verdict="chain_break", decode_step=self._decode_step)
+        event.offences = self.ctx.standing.record(pusher.peer_id, now)
+        self.ctx.standing.record(receiver.peer_id, now)
+        self.telemetry.checks.append(event)
+        logger.warning("push chain broken at position %d between %s… and %s…: relaying from now on", position,
+                       pusher.peer_id[:12], receiver.peer_id[:12])
 
     def take_caught(self) -> list[CheckEvent]:
         """Checks that caught a peer since the last call (the route drops those peers)."""

@@ -20,7 +20,11 @@ replay, and the last answers the token: the client sends once per step and reads
 in turn. A hop that did not push answers `pushed` false and the client relays from there. When a
 hop fails mid-step, the client replaces it as above and finishes the step by relay with
 `Forward.rewind` (a later hop may already hold the step from a push before the failure); answers to
-steps the client gave up on are recognised by their step number and skipped.
+steps the client gave up on are recognised by their step number and skipped. Every answer carries
+the receipt of the rows the peer computed (`swarm.wire.receipt`): a relayed step's must be of the
+rows sent; a pushed step's of the copy the previous hop returned, else the rows were altered between
+the two peers (a chain break): the step is relayed again with `rewind` and the generation relays
+from then on.
 
 Everything that does I/O or reads time is passed in: the `PeerDirectory` (announced spans and RTT
 probes), the `HopTransport` (links to peers, swarm/client/link.py), the clock, the sleep and the
@@ -65,7 +69,7 @@ from swarm.route.replay import clip_steps, replay_frames, split_steps
 from swarm.route.restore import CannotRestore, rebuild_rows, restore_point
 from swarm.sampling import SamplingParams
 from swarm.wire import (
-    MAX_CHAIN_ADDRS, MAX_FORWARD_STEPS, Chain, Error, Forward, Frame, Hidden, Open, OpenOk, Token,
+    MAX_CHAIN_ADDRS, MAX_FORWARD_STEPS, Chain, Error, Forward, Frame, Hidden, Open, OpenOk, Token, receipt,
 )
 
 
@@ -167,6 +171,8 @@ class RouteSession:
         """Prompt tokens the route restored from snapshots at open (the prefill starts there)."""
         self._offers: tuple[tuple[int, bytes], ...] = ()
         self._prefix_rows: Callable[[int], np.ndarray] | None = None
+        self._push_broken = False
+        """A receipt showed pushed rows altered between two hops: this generation relays from then on."""
         self.checks: SpotChecks | None = None
         """Spot checks of the hops (swarm/client/checks.py); None: none. A peer they catch is
         dropped before the next step and the route rebuilt (`_drop_caught`)."""
@@ -222,6 +228,10 @@ class RouteSession:
                     reply = await self._forward(hop, pos0, x, push=push, rewind=rewind)
                 else:
                     reply = await self._pushed_reply(hop, pushed_step, x.shape)
+                    if reply.receipt and reply.receipt != receipt(x):
+                        self._chain_broken(i)  # it computed other rows than the pusher says it sent
+                        pushed_step, rewind = None, True
+                        continue
             except _HopFailed as f:
                 if await self._fail_over(i, f.error, t_start):
                     i, x = 0, x0  # the whole route was rebuilt: run this step from the first hop
@@ -265,7 +275,10 @@ class RouteSession:
         self._step += 1
         reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy, steps))
         hop.pending_restore = 0
-        return self._checked(hop, reply, x.shape)
+        reply = self._checked(hop, reply, x.shape)
+        if reply.receipt and reply.receipt != receipt(x):
+            raise _HopFailed(hop.span, ProtocolError(f"peer {hop.peer_id[:12]}… answered with the receipt of other rows"))
+        return reply
 
     async def _pushed_reply(self, hop: _Hop, step: int, shape: tuple[int, ...]) -> Hidden | Token:
         """The answer of `hop` to the step the previous hop pushed to it."""
@@ -326,7 +339,7 @@ class RouteSession:
         """Chain the current route for server push (see the module docstring): a `Chain` to every
         hop, not waited for (each acknowledgement is read before that hop's next answer), so that
         chaining costs no round trip. A hop the Chain cannot reach fails over on its next step."""
-        self.chained = self._push_addrs is not None and len(self._hops) > 1
+        self.chained = self._push_addrs is not None and len(self._hops) > 1 and not self._push_broken
         if not self.chained:
             return
         hops = self._hops
@@ -359,6 +372,14 @@ class RouteSession:
                 continue
             out.append(HopRecord(hop.span, tuple(hop.inputs), tuple(nxt.inputs), self._offers, self._step))
         return out
+
+    def _chain_broken(self, i: int) -> None:
+        """Hop i's receipt is not of the rows hop i-1 says it pushed to it: one of the two altered
+        them (in transit, or in its answer). The step is relayed again with `rewind`, and the rest of
+        the generation relays every step; the spot checks record it (`SpotChecks.chain_break`)."""
+        self.chained, self._push_broken = False, True
+        if self.checks is not None:
+            self.checks.chain_break(self._hops[i - 1].span, self._hops[i].span, self.pos)
 
     async def _apply_checks(self) -> None:
         """Drop every hop a spot check caught since the last step, rebuilding the route."""

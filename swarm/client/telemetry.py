@@ -90,8 +90,10 @@ class CheckEvent:
         cosine: the worst row's cosine similarity.
         max_rel_l2, min_cosine: the band the check applied.
         checkers: peers that recomputed the steps (a second one when the first disagreed).
-        verdict: "ok", "caught" (outside the band; a second checker, if any, agreed with the first)
-            or "checker_lied" (the second checker agreed with the checked peer).
+        verdict: "ok", "caught" (outside the band; a second checker, if any, agreed with the first),
+            "checker_lied" (the second checker agreed with the checked peer), or "chain_break" (the
+            receipt of `checkers[0]`, the next hop, is not of the rows `peer_id` said it pushed;
+            rel_l2 inf).
         offences: the caught peer's offences in this client's standing window, with this one.
         decode_step: the generation's decode step (0-based) after which the check started.
     """

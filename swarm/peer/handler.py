@@ -2,7 +2,8 @@
 
 A stream carries one session from `Open` to `Close`: the handler admits it into the span
 (swarm/peer/span.py), then answers each `Forward` with `Hidden` (or `Token` on the last span, which
-samples), applies `Truncate` and `Chain`, and releases the session when the stream ends for any
+samples), each with the receipt of the rows it computed (`swarm.wire.receipt`), applies `Truncate`
+and `Chain`, and releases the session when the stream ends for any
 reason. A bad frame or bad request gets an `Error` frame; request errors keep the session open,
 protocol errors end this stream only. Other sessions never notice. Which Open is refused, and in
 what order, is `swarm.peer.rules.open_refusal`.
@@ -51,6 +52,7 @@ from swarm.wire import (
     Truncate,
     decode_frame,
     encode_frame,
+    receipt,
 )
 
 @dataclass
@@ -144,8 +146,9 @@ async def _answer(streams: PeerStreams, session: _Session, frame) -> None:
     except (RequestError, ExecutorError) as e:
         reply = Error(ErrorCode.BAD_REQUEST, str(e))
     if isinstance(reply, Hidden) and isinstance(frame, Forward) and frame.push:
+        sent = reply.hidden if streams.liar is None else streams.liar.in_transit(reply.hidden)
         reply = Hidden(reply.step, reply.hidden, reply.compute_ms,
-                       pushed=await session.push.send(frame, reply.hidden, streams.after_push))
+                       pushed=await session.push.send(frame, sent, streams.after_push), receipt=reply.receipt)
     try:
         await session.client.send(encode_frame(reply))
     except SwarmError:
@@ -224,7 +227,7 @@ def _reply(span: Span, frame: Forward, r: StepOutput, sampling: SamplingParams,
     """
     if not span.is_last:
         out = r.out if liar is None else liar.corrupt(r.out, frame.pos0, frame.steps)
-        return Hidden(step=frame.step, hidden=out, compute_ms=r.compute_ms)
+        return Hidden(step=frame.step, hidden=out, compute_ms=r.compute_ms, receipt=receipt(frame.hidden))
     t0 = time.perf_counter()
     s = sample(r.out[-1], sampling, position=frame.pos0 + frame.n_tokens)
     return Token(
@@ -234,4 +237,5 @@ def _reply(span: Span, frame: Forward, r: StepOutput, sampling: SamplingParams,
         top=s.top,
         compute_ms=r.compute_ms + (time.perf_counter() - t0) * 1000.0,
         logits=r.out if frame.want_logits else None,
+        receipt=receipt(frame.hidden),
     )

@@ -6,6 +6,8 @@ started with it prints a loud warning on stderr. Modes:
 - `noise`: every step's output rows get Gaussian noise of `NOISE_SCALE` (5%) of each row's RMS;
 - `noise:N`: only about one step in N (a step whose start position hashes to 0 mod N, so a lie
   falls on the same positions in every session and test runs are repeatable);
+- `transit`: the hidden states pushed to the next hop get that noise, the client's copy not (a
+  peer altering activations between pushing peers);
 - `lazy:TYPE`: the span is served from a lower quantization of the same weights (TYPE a llama.cpp
   ftype name such as `Q3_K_M` or `Q2_K`), requantized with llama.cpp's own quantizer into
   `$SWARM_HOME/lazy/` (`requantize`); noise modes apply to non-last spans' hidden states only.
@@ -37,10 +39,12 @@ BOAST = 10.0
 
 @dataclass(frozen=True)
 class Liar:
-    """One test lying mode: `every` > 0 for noise on one step in `every`, or `lazy` a quant type."""
+    """One test lying mode: `every` > 0 for noise on one step in `every`, `transit` for noise on
+    pushed rows only, or `lazy` a quant type."""
 
     every: int = 0
     lazy: str = ""
+    transit: bool = False
     seed: int = 0
 
     def boast(self, measured: Throughput) -> Throughput:
@@ -52,6 +56,12 @@ class Liar:
         if self.every <= 0:
             return False
         return self.every == 1 or int(np.random.default_rng([self.seed, pos]).integers(self.every)) == 0
+
+    def in_transit(self, out: np.ndarray) -> np.ndarray:
+        """The rows a `transit` liar pushes to the next hop instead of `out` (its client gets `out`)."""
+        if not self.transit:
+            return out
+        return Liar(every=1, seed=self.seed + 1).corrupt(out, 0, ())
 
     def corrupt(self, out: np.ndarray, pos0: int, steps: tuple[int, ...]) -> np.ndarray:
         """The rows a lying peer answers instead of `out` ([rows, hidden] float32 of the steps
@@ -83,10 +93,12 @@ def from_env(environ=os.environ) -> Liar | None:
         liar = Liar(every=int(arg or 1))
         if liar.every < 1:
             raise ValueError(f"{ENV}={spec}: noise:N needs N >= 1")
+    elif kind == "transit" and not arg:
+        liar = Liar(transit=True)
     elif kind == "lazy" and arg:
         liar = Liar(lazy=arg.upper())
     else:
-        raise ValueError(f"{ENV}={spec}: expected noise, noise:N or lazy:TYPE")
+        raise ValueError(f"{ENV}={spec}: expected noise, noise:N, transit or lazy:TYPE")
     print(f"swarm: WARNING: TEST MODE {ENV}={spec}: this peer returns WRONG hidden states on purpose; "
           "never use it outside tests", file=sys.stderr, flush=True)
     return liar

@@ -1,0 +1,141 @@
+"""Spot checks on real peers: lying peers are caught and dropped, honest ones are never flagged, and
+the text equals llama.cpp's whole model.
+
+SmolLM2 on 127.0.0.1: 0:10, two honest peers for 10:20 (1 and 2 threads), 20:30. Each liar test
+starts a lying 10:20 peer (`SWARM_TEST_LIE`, swarm/peer/testlie.py), which announces ten times its
+measured speed so that routes take it; the honest 10:20 peers then serve the checks. Each test
+starts from a client with no exclusions and no offences, with a fixed check seed, so which steps
+are checked is the same every run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+
+from swarm.client.generate import GenerationRequest, TokenStream
+from swarm.client.remote import connect_swarm
+from swarm.route.failover import Exclusions, FailureReason
+from swarm.route.verify import CheckPolicy, Standing
+
+from tests.helpers.oracle import oracle
+from tests.helpers.peers import PeerSet, serve_args
+
+PROMPT = "The old lighthouse keeper climbed the stairs one last time. At the top, he found"
+N_NEW = 64
+
+
+@pytest.fixture(scope="module")
+def swarm(smollm2_path, tmp_path_factory):
+    ps = PeerSet(tmp_path_factory.mktemp("verify"))
+    first = ps.start("a", *serve_args(smollm2_path, "0:10", "--new-swarm"))
+    join = ("--initial-peers", first.maddrs[0])
+    ps.join = join
+    ps.honest = {
+        ps.start("h1", *serve_args(smollm2_path, "10:20", *join)).peer_id,
+        ps.start("h2", *serve_args(smollm2_path, "10:20", *join, "--threads", "2")).peer_id,
+    }
+    ps.start("z", *serve_args(smollm2_path, "20:30", *join))
+    yield ps
+    ps.stop_all()
+
+
+@pytest.fixture(scope="module")
+def client(swarm, smollm2_path, tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SWARM_HOME", str(tmp_path_factory.mktemp("client-home")))  # the evidence file
+    tokenizer, engine = connect_swarm(str(smollm2_path), [swarm.join[1]])
+    engine.settle_checks = True  # the test reads every check's verdict
+    yield tokenizer, engine
+    engine.close()
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def expected(smollm2_path) -> str:
+    return oracle(smollm2_path, PROMPT, N_NEW)
+
+
+def generate(client, policy: CheckPolicy) -> TokenStream:
+    """One generation of N_NEW tokens from a client that has caught nobody yet."""
+    tokenizer, engine = client
+    engine.exclusions = Exclusions(engine.policy.exclusion_s)
+    engine.checks = dataclasses.replace(engine.checks, standing=Standing(policy))
+    engine.check_policy = policy
+    stream = TokenStream(engine, tokenizer, tokenizer.encode(PROMPT), GenerationRequest(max_new_tokens=N_NEW),
+                         backend="swarm")
+    stream.run()
+    return stream
+
+
+@pytest.fixture
+def liar(swarm, smollm2_path, request):
+    peer = swarm.start(f"liar-{request.param.replace(':', '-')}", *serve_args(smollm2_path, "10:20", *swarm.join),
+                       env={"SWARM_TEST_LIE": request.param})
+    assert "TEST MODE SWARM_TEST_LIE" in peer.stderr_text()
+    yield peer
+    peer.stop()
+    swarm.started.remove(peer)
+
+
+def assert_caught_and_dropped(s: TokenStream, liar_id: str, client) -> list:
+    """The liar was caught, its hop rebuilt on honest peers, and it is excluded and priced."""
+    t = s.telemetry
+    of_liar = [c for c in t.checks if c.peer_id == liar_id]
+    caught = [c for c in of_liar if c.verdict == "caught"]
+    assert caught, [dataclasses.asdict(c) for c in t.checks]
+    assert all(c.verdict == "ok" for c in t.checks if c.peer_id != liar_id)  # nobody else flagged
+    [f] = t.failovers
+    assert (f.peer_id, f.reason, f.start, f.end) == (liar_id, FailureReason.WRONG_OUTPUT.value, 10, 20)
+    assert liar_id not in [h.peer_id for h in t.route] and liar_id not in f.replacements
+    _, engine = client
+    assert engine.exclusions.reason(liar_id) is FailureReason.WRONG_OUTPUT
+    assert liar_id in engine.checks.standing.penalties(time.monotonic())
+    return of_liar
+
+
+def test_honest_peers_are_never_flagged_and_their_replays_are_bit_equal(swarm, client, expected):
+    """4 concurrent generations (the peers batch their decode steps), every other decode step
+    checked: every check recomputes the same hidden states bit for bit on the other honest peer."""
+    streams: list[TokenStream] = []
+    policy = CheckPolicy(rate=0.5, first_check_step=0, seed=3)
+    threads = [threading.Thread(target=lambda: streams.append(generate(client, policy))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    checks = [c for s in streams for c in s.telemetry.checks]
+    assert len(checks) >= 4 * N_NEW // 4
+    assert {c.peer_id for c in checks} <= swarm.honest and {c.verdict for c in checks} == {"ok"}
+    assert max(c.rel_l2 for c in checks) == 0.0
+    assert [s.result.text for s in streams] == [expected] * 4
+    assert all(s.telemetry.failovers == [] for s in streams)
+
+
+@pytest.mark.parametrize("liar", ["noise"], indirect=True)
+def test_a_peer_lying_on_every_step_is_caught_at_its_first_check(liar, client, expected):
+    s = generate(client, CheckPolicy(seed=0))
+    [first, *_] = assert_caught_and_dropped(s, liar.peer_id, client)
+    assert first.verdict == "caught" and first.decode_step == CheckPolicy().first_check_step
+    assert first.rel_l2 > first.max_rel_l2
+    assert s.result.text == expected
+
+
+@pytest.mark.parametrize("liar", ["noise:10"], indirect=True)
+def test_a_peer_lying_on_one_step_in_ten_is_caught_within_50_decode_steps(liar, client, expected):
+    s = generate(client, CheckPolicy(seed=0))
+    of_liar = assert_caught_and_dropped(s, liar.peer_id, client)
+    caught = next(c for c in of_liar if c.verdict == "caught")
+    assert caught.decode_step < 50
+    assert s.result.text == expected
+
+
+@pytest.mark.parametrize("liar", ["lazy:Q2_K"], indirect=True)
+def test_a_lazy_peer_serving_a_lower_quantization_is_caught(liar, client, expected):
+    s = generate(client, CheckPolicy(seed=0))
+    [first, *_] = assert_caught_and_dropped(s, liar.peer_id, client)
+    assert first.verdict == "caught" and first.decode_step == CheckPolicy().first_check_step
+    assert s.result.text == expected
