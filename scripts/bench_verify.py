@@ -42,6 +42,7 @@ from swarm.client.generate import GenerationRequest, TokenStream
 from swarm.client.remote import connect_swarm
 from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.ggml_bridge.executor import SpanExecutor
+from swarm.kv.prefix import PREFIX_BLOCK_TOKENS
 from swarm.localswarm import PeerSet
 from swarm.models import resolve_model
 from swarm.route.failover import Exclusions
@@ -56,27 +57,39 @@ def serve(path: Path, layers: str, threads: int, *join: str) -> tuple[str, ...]:
             "--cache-tokens", "8192", *join)  # fmt: skip
 
 
-def kernel_proxy(path: Path, tokens: list[int]) -> dict:
-    """rel L2 of span 10:20's outputs computed with regrouped steps or flash attention off, against
-    the outputs of the steps as a client sends them (the prompt, then one row per decode step)."""
-    embedder = TokenEmbedder(path)
-    x = embedder.embed(tokens)
-    n_prompt = len(tokens) - 47
+PROXY_SPANS = {"smollm2-135m": (10, 20), "qwen2.5-coder-0.5b": (8, 16)}
 
-    def run(start: int, end: int, inputs: np.ndarray, group: int, flash: bool = True) -> np.ndarray:
-        ex = SpanExecutor.for_span(path, start, end, n_ctx_tokens=1024, n_seq_max=1, n_threads=1, flash_attn=flash)
-        outs = [ex.forward(0, 0, inputs[:n_prompt])]
-        for i in range(n_prompt, len(inputs), group):
-            outs.append(ex.forward(0, i, inputs[i : i + group]))
+
+def kernel_proxy(name: str, n_new: int) -> dict:
+    """How far a middle span's honest outputs move when its steps are computed otherwise than a
+    client sent them (the prompt as one step, then one row per decode step): as one prefill in the
+    peers' 64-row ubatches (what a regrouped check computes), or with flash attention off (another
+    attention kernel: the kind of rounding another machine's kernels may add)."""
+    path = resolve_model(name, fetch=True)
+    llm = llama_cpp.Llama(str(path), n_ctx=512, n_threads=1, flash_attn=True, verbose=False)
+    text = llm.create_completion(PROMPT, max_tokens=n_new, temperature=0.0)["choices"][0]["text"]
+    prompt = llm.tokenize(PROMPT.encode())
+    ids = prompt + llm.tokenize(text.encode(), add_bos=False)[:n_new]
+    del llm
+    x, n_prompt = TokenEmbedder(path).embed(ids), len(prompt)
+    a, b = PROXY_SPANS[name]
+
+    def run(start: int, end: int, inputs: np.ndarray, prefill: bool = False, flash: bool = True) -> np.ndarray:
+        ex = SpanExecutor.for_span(path, start, end, n_ctx_tokens=1024, n_seq_max=1, n_threads=1,
+                                   flash_attn=flash, n_batch=PREFIX_BLOCK_TOKENS)
+        if prefill:
+            out = ex.forward(0, 0, inputs)
+        else:
+            out = np.concatenate([ex.forward(0, 0, inputs[:n_prompt])]
+                                 + [ex.forward(0, i, inputs[i : i + 1]) for i in range(n_prompt, len(inputs))])
         ex.close()
-        return np.concatenate(outs)
+        return out
 
-    h10 = run(0, 10, x, 1)
-    ref = run(10, 20, h10, 1)
-    out = {}
-    for label, group, flash in (("rows2", 2, True), ("rows4", 4, True), ("rows8", 8, True), ("rows16", 16, True),
-                                ("rows64", 64, True), ("flash_off", 1, False)):
-        m = compare(run(10, 20, h10, group, flash)[n_prompt:], ref[n_prompt:])
+    into = run(0, a, x) if a else x
+    ref = run(a, b, into)
+    out = {"span": f"{a}:{b}", "rows": len(ids)}
+    for label, kw in (("one_prefill", {"prefill": True}), ("flash_off", {"flash": False})):
+        m = compare(run(a, b, into, **kw), ref)
         out[label] = {"rel_l2": float(f"{m.rel_l2:.3g}"), "cosine": round(m.cosine, 8)}
     return out
 
@@ -87,6 +100,17 @@ def generate(engine, tokenizer, policy: CheckPolicy | None, n_tokens: int) -> To
                          backend="swarm")
     stream.run()
     return stream
+
+
+def wait_reachable(engine, peer_id: str, deadline_s: float = 60.0) -> None:
+    """Wait until the client has the peer's announcement and an RTT for it (a first dial on a busy
+    machine can outlast one probe, and a peer that missed a probe is excluded for a minute)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        spans = engine._conn.loop.run(engine.directory.peers(frozenset(), True), 30)
+        if any(s.peer_id == peer_id and s.rtt_ms is not None and s.rtt_ms < float("inf") for s in spans):
+            return
+    raise SystemExit(f"peer {peer_id} is not reachable")
 
 
 def fresh_standing(engine) -> None:
@@ -135,6 +159,7 @@ def liars(ps: PeerSet, path: Path, join: tuple[str, ...], engine, tokenizer, wan
     for mode in args.modes.split(","):
         liar = ps.start(f"liar-{mode.replace(':', '-')}", *serve(path, "10:20", 1, *join),
                         env={"SWARM_TEST_LIE": mode})
+        wait_reachable(engine, liar.peer_id)
         runs = []
         for seed in range(args.liar_runs):
             fresh_standing(engine)
@@ -187,12 +212,10 @@ def main() -> int:
     out: dict = {"model": "smollm2-135m", "tokens": args.tokens}
     with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp:
         os.environ["SWARM_HOME"] = tmp  # the client's evidence file
-        if "kernel" not in skip:
-            ids = llm.tokenize(PROMPT.encode())
-            ids += llm.tokenize(want.encode(), add_bos=False)[:47]
-            out["kernel_proxy"] = kernel_proxy(path, ids)
-            print(json.dumps({"kernel_proxy": out["kernel_proxy"]}), file=sys.stderr, flush=True)
         del llm
+        if "kernel" not in skip:
+            out["kernel_proxy"] = {name: kernel_proxy(name, args.liar_tokens) for name in PROXY_SPANS}
+            print(json.dumps({"kernel_proxy": out["kernel_proxy"]}), file=sys.stderr, flush=True)
         ps = PeerSet(Path(tmp))
         try:
             first = ps.start("a", *serve(path, "0:10", 1, "--new-swarm"))

@@ -2,14 +2,21 @@
 
 A `SpotChecks` rides along one `RouteSession` (its `checks` hook). After each decode step the
 schedule (swarm/route/verify.py) may start a check of one hop, as a task beside the generation
-(which goes on meanwhile): the hop's recorded input steps, up to the step just computed, are
-replayed into a fresh session on the cheapest other peer (or chain of peers) serving the same
-layers, exactly as they were first sent (`Forward.steps`), and every replayed row's output is
-compared with what the checked peer returned (its next hop's recorded inputs) within the band.
+(which goes on meanwhile): the hop's recorded input rows, up to the step just computed, are sent
+(`CheckPolicy.regroup`, the default) as one prefill (frames of the replay chunk, computed in the peers' 64-row ubatches) into a fresh
+session on the cheapest other peer (or chain of peers) serving the same layers, and every row's
+output is compared with what the checked peer returned (its next hop's recorded inputs) within the
+band. A prefill of k decode rows costs far less than k one-row steps (VeriLLM's observation); the
+price is that the rows are grouped otherwise than the checked peer computed them, which rounds
+differently on some models (scripts/bench_verify.py measures it; the band covers it). Without
+`regroup` the recorded steps are replayed as a failover replays them (`Forward.steps`), each its
+own step, and an honest checker reproduces the answers bit for bit.
 
 To the peer that runs it, a check is an ordinary session: the same Open (the generation's
-reservation, sampling and prefix offers) and the Forward frames of a failover replay, with step
-numbers that continue the generation's own. Disagreement is settled by a second checker when
+reservation, sampling and prefix offers) and the Forward frames of a prompt prefill, with step
+numbers that continue the generation's own. What it can still infer: that the "prompt" repeats rows
+it may have seen in another session (a prompt and the tokens generated after it), and that the
+session ends after its prefill without decoding. Disagreement is settled by a second checker when
 another peer serves the span: the side two peers agree on is right (a lying checker is caught
 instead). Without a second checker the checked peer is caught: it computed what a peer chosen
 by this client could not reproduce.
@@ -267,23 +274,28 @@ class SpotChecks:
                 links.append(await self._open(by_id[h.peer_id], record.offers))
             blocks = list(record.inputs)
             for link, h in zip(links, plan.hops):
-                outs = []
-                pos0 = 0
-                max_rows = max([self._failover.replay_chunk_tokens, *(b.shape[0] for b in blocks)])
-                for x, steps in replay_frames(blocks, max_rows, MAX_FORWARD_STEPS):
+                outs, pos0 = [], 0
+                for x, steps in self._frames(blocks):
                     frame = Forward(step=step, pos0=pos0, hidden=x, steps=steps)
-                    step += 1
-                    outs.append(await self._exchange(link, frame, step_timeout_s(by_id[h.peer_id], x.shape[0],
-                                                                                 self._failover, steps)))
-                    pos0 += x.shape[0]
-                out = np.concatenate(outs)
-                blocks = np.split(out, np.cumsum([b.shape[0] for b in blocks])[:-1])
+                    step, pos0 = step + 1, pos0 + frame.n_tokens
+                    timeout_s = step_timeout_s(by_id[h.peer_id], frame.n_tokens, self._failover, steps)
+                    outs.append(await self._exchange(link, frame, timeout_s))
+                blocks = np.split(np.concatenate(outs), np.cumsum([b.shape[0] for b in blocks])[:-1])
             return [h.peer_id for h in plan.hops], np.concatenate(blocks)
         except SwarmError as e:
             logger.info("spot check of layers %d:%d not done: %s", span.start, span.end, e)
             return None
         finally:
             await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
+
+    def _frames(self, blocks: list[np.ndarray]):
+        """The check's frames: (rows, Forward.steps). One prefill in frames of the replay chunk
+        (`CheckPolicy.regroup`), or the recorded steps as a failover replays them."""
+        chunk = self._failover.replay_chunk_tokens
+        if self.ctx.policy.regroup:
+            x = np.concatenate(blocks)
+            return [(x[i : i + chunk], ()) for i in range(0, x.shape[0], chunk)]
+        return replay_frames(blocks, max([chunk, *(b.shape[0] for b in blocks)]), MAX_FORWARD_STEPS)
 
     async def _open(self, span: PeerSpan, offers) -> HopLink:
         link = await self._transport.connect(span.peer_id, self._failover.open_timeout_s)

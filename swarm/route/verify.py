@@ -144,6 +144,9 @@ class CheckPolicy:
             (a restart does not end it).
         penalty_ms: route cost per offence, ms (`Standing.penalties`).
         standing_window_s: offences older than this no longer count, seconds.
+        regroup: a check sends the hop's rows as one prefill (cheap; rows grouped otherwise than
+            the checked peer computed them, so the band must cover the rounding that costs);
+            False: as the recorded steps (bit-exact on one kind of machine, one row per step).
     """
 
     rate: float = DEFAULT_CHECK_RATE
@@ -152,6 +155,7 @@ class CheckPolicy:
     caught_exclusion_s: float = 3600.0
     penalty_ms: float = OFFENCE_PENALTY_MS
     standing_window_s: float = 7 * 24 * 3600.0
+    regroup: bool = True
 
     def __post_init__(self):
         if not 0.0 <= self.rate <= 1.0:

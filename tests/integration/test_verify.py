@@ -19,10 +19,10 @@ import pytest
 from swarm.client.generate import GenerationRequest, TokenStream
 from swarm.client.remote import connect_swarm
 from swarm.route.failover import Exclusions, FailureReason
-from swarm.route.verify import CheckPolicy, Standing
+from swarm.route.verify import DEFAULT_BAND, CheckPolicy, Standing
 
 from tests.helpers.oracle import oracle
-from tests.helpers.peers import PeerSet, serve_args
+from tests.helpers.peers import PeerSet, serve_args, wait_for
 
 PROMPT = "The old lighthouse keeper climbed the stairs one last time. At the top, he found"
 N_NEW = 64
@@ -72,10 +72,16 @@ def generate(client, policy: CheckPolicy) -> TokenStream:
 
 
 @pytest.fixture
-def liar(swarm, smollm2_path, request):
+def liar(swarm, client, smollm2_path, request):
     peer = swarm.start(f"liar-{request.param.replace(':', '-')}", *serve_args(smollm2_path, "10:20", *swarm.join),
                        env={"SWARM_TEST_LIE": request.param})
     assert "TEST MODE SWARM_TEST_LIE" in peer.stderr_text()
+    _, engine = client
+    # a first dial on a busy machine can outlast one RTT probe (and a peer that missed one is left
+    # out for a minute): wait until the client has measured the liar's RTT
+    wait_for(lambda: any(s.peer_id == peer.peer_id and 0 <= (s.rtt_ms or -1) < float("inf")
+                         for s in engine._conn.loop.run(engine.directory.peers(frozenset(), True), 30)),
+             "the client measured the liar's RTT", 120)
     yield peer
     peer.stop()
     swarm.started.remove(peer)
@@ -110,7 +116,7 @@ def test_honest_peers_are_never_flagged_and_their_replays_are_bit_equal(swarm, c
     checks = [c for s in streams for c in s.telemetry.checks]
     assert len(checks) >= 4 * N_NEW // 4
     assert {c.peer_id for c in checks} <= swarm.honest and {c.verdict for c in checks} == {"ok"}
-    assert max(c.rel_l2 for c in checks) == 0.0
+    assert max(c.rel_l2 for c in checks) < DEFAULT_BAND.max_rel_l2
     assert [s.result.text for s in streams] == [expected] * 4
     assert all(s.telemetry.failovers == [] for s in streams)
 
@@ -138,4 +144,18 @@ def test_a_lazy_peer_serving_a_lower_quantization_is_caught(liar, client, expect
     s = generate(client, CheckPolicy(seed=0))
     [first, *_] = assert_caught_and_dropped(s, liar.peer_id, client)
     assert first.verdict == "caught" and first.decode_step == CheckPolicy().first_check_step
+    assert s.result.text == expected
+
+
+@pytest.mark.parametrize("liar", ["transit"], indirect=True)
+def test_rows_altered_between_pushing_peers_break_the_receipt_chain(liar, client, expected):
+    """The liar answers the client honestly but pushes noisy rows to the last peer: the last peer's
+    receipt is not of the rows the liar answered, so the step is relayed again and the rest of the
+    generation relays; the text is unchanged."""
+    s = generate(client, CheckPolicy(rate=0.0, first_check_step=-1))
+    assert liar.peer_id in [h.peer_id for h in s.telemetry.route]
+    [brk] = [c for c in s.telemetry.checks if c.verdict == "chain_break"]
+    assert brk.peer_id == liar.peer_id and brk.start == 10 and len(brk.checkers) == 1
+    # the first step pushed: the prompt, unless the push stream was not open yet (then a decode step)
+    assert brk.position == 0 or brk.position >= s.telemetry.prompt_tokens
     assert s.result.text == expected

@@ -74,7 +74,9 @@ def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | Non
     return asyncio.run(go()), telemetry, exclusions, standing
 
 
-EVERY_STEP = CheckPolicy(rate=1.0, first_check_step=0, seed=5)
+# The simulated peers fold each step's row count into their state, as llama.cpp's kernels may round
+# regrouped rows otherwise: checks here replay the recorded steps (regroup off), bit for bit.
+EVERY_STEP = CheckPolicy(rate=1.0, first_check_step=0, seed=5, regroup=False)
 
 
 def test_honest_peers_are_never_flagged_and_the_text_is_unchanged():
@@ -113,7 +115,7 @@ def test_a_lying_checker_is_outvoted_and_caught_instead():
     """m2, the first checker (cheaper than m3), lies from its first Forward; m1 is honest."""
     peers = swarm_of()
     peers[2].fault, peers[2].fault_after = "lie", 0
-    tokens, t, exclusions, _ = generate(peers, CheckPolicy(rate=0.0, first_check_step=2, seed=5))
+    tokens, t, exclusions, _ = generate(peers, CheckPolicy(rate=0.0, first_check_step=2, seed=5, regroup=False))
     verdicts = [(c.peer_id, c.verdict) for c in t.checks]
     assert verdicts == [("m1", "checker_lied"), ("m2", "caught")]
     assert exclusions.reason("m2") is FailureReason.WRONG_OUTPUT and exclusions.reason("m1") is None
@@ -137,3 +139,10 @@ def test_the_evidence_is_written_for_swarm_status(tmp_path):
     report = status_report("ab" * 8, N_LAYERS, [], caught=(line,))
     assert any(v.startswith("caught computing wrong") and "m1" in v and "10:20" in v for v in report.verdict())
     assert report.to_dict()["caught"] == [line]
+
+
+def test_a_regrouped_check_of_a_peer_that_rounds_by_grouping_is_outside_the_band():
+    """Why regrouping needs a band: a peer whose results depend on how rows are grouped (as the
+    simulated ones do, by design) differs from a one-prefill recomputation though it is honest."""
+    _, t, _, _ = generate(swarm_of(), CheckPolicy(rate=0.0, first_check_step=2, seed=5))
+    assert t.checks and t.checks[0].rel_l2 > 0.0
