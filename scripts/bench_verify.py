@@ -18,6 +18,7 @@ Reported (one JSON object on stdout; progress on stderr):
       whether the text equals llama.cpp's whole model.
   cost: median decode tokens/s without checks and with the default policy (generations
       alternating), and the relative cost.
+  receipt: microseconds to compute one step's receipt of one decode row.
 
     python scripts/bench_verify.py [--tokens 48] [--liar-runs 5] [--liar-tokens 64] [--cost-runs 8]
 """
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import timeit
 from pathlib import Path
 
 import llama_cpp
@@ -47,6 +49,7 @@ from swarm.localswarm import PeerSet
 from swarm.models import resolve_model
 from swarm.route.failover import Exclusions
 from swarm.route.verify import DEFAULT_BAND, CheckPolicy, Standing, compare
+from swarm.wire import receipt
 
 PROMPT = "The old lighthouse keeper climbed the stairs one last time. At the top, he found"
 MODES = ("noise", "noise:10", "noise:100", "lazy:Q2_K", "lazy:Q3_K_M")
@@ -91,6 +94,16 @@ def kernel_proxy(name: str, n_new: int) -> dict:
     for label, kw in (("one_prefill", {"prefill": True}), ("flash_off", {"flash": False})):
         m = compare(run(a, b, into, **kw), ref)
         out[label] = {"rel_l2": float(f"{m.rel_l2:.3g}"), "cosine": round(m.cosine, 8)}
+    return out
+
+
+def receipt_cost() -> dict:
+    """Microseconds to compute one step's receipt (`swarm.wire.receipt`) of one decode row, per hidden
+    size (a peer computes one per step, the client one per hop and step)."""
+    out = {}
+    for n in (576, 896, 2048):
+        x = np.random.default_rng(0).standard_normal((1, n)).astype(np.float32)
+        out[f"hidden_{n}_us"] = round(min(timeit.repeat(lambda: receipt(x), number=20000, repeat=5)) / 20000 * 1e6, 2)
     return out
 
 
@@ -209,7 +222,7 @@ def main() -> int:
     path = resolve_model("smollm2-135m", fetch=True)
     llm = llama_cpp.Llama(str(path), n_ctx=512, n_threads=1, flash_attn=True, verbose=False)
     want = llm.create_completion(PROMPT, max_tokens=args.liar_tokens, temperature=0.0)["choices"][0]["text"]
-    out: dict = {"model": "smollm2-135m", "tokens": args.tokens}
+    out: dict = {"model": "smollm2-135m", "tokens": args.tokens, "receipt": receipt_cost()}
     with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp:
         os.environ["SWARM_HOME"] = tmp  # the client's evidence file
         del llm

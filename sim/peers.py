@@ -183,7 +183,8 @@ class SimPeer:
         table.advance(slot, n, done_s)
         if self.end < self.profile.budget.n_layers:
             return Hidden(frame.step, out, compute_s * 1000.0, receipt=receipt(frame.hidden)), done_s
-        return Token(frame.step, token_of(out), 0.0, (), compute_s * 1000.0, receipt=receipt(frame.hidden)), done_s
+        token = Token(frame.step, token_of(out), 0.0, (), compute_s * 1000.0, receipt=receipt(frame.hidden))
+        return token, done_s
 
     def _open(self, sid: bytes, owner: str, frame: Open, now_s: float) -> Frame:
         # the real peer's refusals, in its order; a simulated peer leaving answers before (`handle`)

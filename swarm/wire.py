@@ -93,7 +93,8 @@ def receipt(rows: np.ndarray) -> bytes:
     Returns:
         RECEIPT_BYTES bytes.
     """
-    return hashlib.blake2b(np.ascontiguousarray(rows, dtype="<f4").tobytes(), digest_size=RECEIPT_BYTES).digest()
+    data = np.ascontiguousarray(rows, dtype="<f4").tobytes()
+    return hashlib.blake2b(data, digest_size=RECEIPT_BYTES).digest()
 
 MAX_HEADER_BYTES = 4096
 """Largest msgpack header accepted."""

@@ -3,8 +3,8 @@
 A `SpotChecks` rides along one `RouteSession` (its `checks` hook). After each decode step the
 schedule (swarm/route/verify.py) may start a check of one hop, as a task beside the generation
 (which goes on meanwhile): the hop's recorded input rows, up to the step just computed, are sent
-(`CheckPolicy.regroup`, the default) as one prefill (frames of the replay chunk, computed in the peers' 64-row ubatches) into a fresh
-session on the cheapest other peer (or chain of peers) serving the same layers, and every row's
+(`CheckPolicy.regroup`, the default) as one prefill (frames of the replay chunk, computed in the
+peers' 64-row ubatches) into a fresh session on the cheapest other peer (or chain of peers) serving the same layers, and every row's
 output is compared with what the checked peer returned (its next hop's recorded inputs) within the
 band. A prefill of k decode rows costs far less than k one-row steps (VeriLLM's observation); the
 price is that the rows are grouped otherwise than the checked peer computed them, which rounds
@@ -164,8 +164,8 @@ class SpotChecks:
         event.offences = self.ctx.standing.record(pusher.peer_id, now)
         self.ctx.standing.record(receiver.peer_id, now)
         self.telemetry.checks.append(event)
-        logger.warning("push chain broken at position %d between %s… and %s…: relaying from now on", position,
-                       pusher.peer_id[:12], receiver.peer_id[:12])
+        logger.warning("push chain broken at position %d between %s… and %s…: relaying from now on",
+                       position, pusher.peer_id[:12], receiver.peer_id[:12])
 
     def take_caught(self) -> list[CheckEvent]:
         """Checks that caught a peer since the last call (the route drops those peers)."""
@@ -251,11 +251,14 @@ class SpotChecks:
             try:
                 self.ctx.evidence_dir.mkdir(parents=True, exist_ok=True)
                 with open(self.ctx.evidence_dir / EVIDENCE_FILE, "a") as f:
-                    f.write(json.dumps({"model_id": self.spec.model_id, "at": time.time(), **asdict(event)}) + "\n")
+                    line = {"model_id": self.spec.model_id, "at": time.time(), **asdict(event)}
+                    f.write(json.dumps(line) + "\n")
             except OSError as e:
                 logger.warning("cannot record the evidence: %s", e)
 
-    async def _recompute(self, record: HopRecord, exclude: frozenset[str]) -> tuple[list[str], np.ndarray] | None:
+    async def _recompute(
+        self, record: HopRecord, exclude: frozenset[str]
+    ) -> tuple[list[str], np.ndarray] | None:
         """The outputs of `record`'s steps recomputed by the cheapest chain of other peers serving
         its layers, and those peers; None when no such chain exists or it failed (no verdict)."""
         span, now = record.span, self._now()
@@ -316,7 +319,9 @@ class SpotChecks:
     async def _exchange(self, link: HopLink, frame: Forward, timeout_s: float) -> np.ndarray:
         reply = await self._ask(link, frame, timeout_s)
         if not isinstance(reply, Hidden) or reply.hidden.shape != frame.hidden.shape:
-            raise ProtocolError(f"peer {link.peer_id[:12]}… answered a check step with {type(reply).__name__}")
+            raise ProtocolError(
+                f"peer {link.peer_id[:12]}… answered a check step with {type(reply).__name__}"
+            )
         return np.asarray(reply.hidden, dtype=np.float32)
 
     async def _ask(self, link: HopLink, frame, timeout_s: float):

@@ -277,7 +277,9 @@ class RouteSession:
         hop.pending_restore = 0
         reply = self._checked(hop, reply, x.shape)
         if reply.receipt and reply.receipt != receipt(x):
-            raise _HopFailed(hop.span, ProtocolError(f"peer {hop.peer_id[:12]}… answered with the receipt of other rows"))
+            raise _HopFailed(
+                hop.span, ProtocolError(f"peer {hop.peer_id[:12]}… answered with the receipt of other rows")
+            )
         return reply
 
     async def _pushed_reply(self, hop: _Hop, step: int, shape: tuple[int, ...]) -> Hidden | Token:

@@ -54,8 +54,9 @@ def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | Non
     async def go() -> list[int]:
         s = RouteSession(spec, swarm, swarm, exclusions, telemetry, POLICY, now=clock.now, sleep=clock.sleep,
                          rng=random.Random(0))
-        s.checks = SpotChecks(CheckContext(check, DEFAULT_BAND, standing, evidence_dir), spec, swarm, swarm, exclusions,
-                              POLICY, telemetry, now=clock.now, rng=random.Random(1))
+        ctx = CheckContext(check, DEFAULT_BAND, standing, evidence_dir)
+        s.checks = SpotChecks(ctx, spec, swarm, swarm, exclusions, POLICY, telemetry, now=clock.now,
+                              rng=random.Random(1))
         s.checks.settle_on_close = True
         try:
             await s.open()
