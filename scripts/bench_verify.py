@@ -168,23 +168,30 @@ def honest(engine, tokenizer, n_tokens: int, names: dict) -> dict:
 
 
 def liars(ps: PeerSet, path: Path, join: tuple[str, ...], engine, tokenizer, want: str, args) -> dict:
+    """Each run starts a liar whose lies are seeded by the run number (noise modes) and a client
+    whose check schedule is too, so the runs show the spread of detection steps."""
     out = {}
     for mode in args.modes.split(","):
-        liar = ps.start(f"liar-{mode.replace(':', '-')}", *serve(path, "10:20", 1, *join),
-                        env={"SWARM_TEST_LIE": mode})
-        wait_reachable(engine, liar.peer_id)
-        runs = []
+        runs, liar = [], None
         for seed in range(args.liar_runs):
+            if liar is None or not mode.startswith("lazy"):
+                if liar is not None:
+                    liar.stop()
+                    ps.started.remove(liar)
+                liar = ps.start(f"liar-{mode.replace(':', '-')}-{seed}", *serve(path, "10:20", 1, *join),
+                                env={"SWARM_TEST_LIE": mode, "SWARM_TEST_LIE_SEED": str(seed)})
+                wait_reachable(engine, liar.peer_id)
             fresh_standing(engine)
             s = generate(engine, tokenizer, CheckPolicy(seed=seed), args.liar_tokens)
             of_liar = [c for c in s.telemetry.checks if c.peer_id == liar.peer_id]
             caught = next((c for c in of_liar if c.verdict == "caught"), None)
+            routed = [f.peer_id for f in s.telemetry.failovers] + [h.peer_id for h in s.telemetry.route]
             runs.append({
-                "routed": s.telemetry.failovers[0].peer_id == liar.peer_id if s.telemetry.failovers
-                else liar.peer_id in [h.peer_id for h in s.telemetry.route],
+                "routed": liar.peer_id in routed,
                 "caught_at_decode_step": caught.decode_step if caught else None,
                 "checks_until_caught": of_liar.index(caught) + 1 if caught else len(of_liar),
                 "rel_l2": float(f"{caught.rel_l2:.3g}") if caught else None,
+                "cosine": round(caught.cosine, 6) if caught else None,
                 "text_equal": s.result.text == want,
             })
             print(json.dumps({mode: runs[-1]}), file=sys.stderr, flush=True)

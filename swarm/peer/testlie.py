@@ -4,8 +4,9 @@ Reachable only through the environment variable `SWARM_TEST_LIE` (never a CLI op
 started with it prints a loud warning on stderr. Modes:
 
 - `noise`: every step's output rows get Gaussian noise of `NOISE_SCALE` (5%) of each row's RMS;
-- `noise:N`: only about one step in N (a step whose start position hashes to 0 mod N, so a lie
-  falls on the same positions in every session and test runs are repeatable);
+- `noise:N`: only about one step in N (a step whose start position hashes to 0 mod N with the seed
+  `SWARM_TEST_LIE_SEED`, so a lie falls on the same positions in every session and test runs are
+  repeatable);
 - `transit`: the hidden states pushed to the next hop get that noise, the client's copy not (a
   peer altering activations between pushing peers);
 - `lazy:TYPE`: the span is served from a lower quantization of the same weights (TYPE a llama.cpp
@@ -31,6 +32,8 @@ import numpy as np
 from swarm.peer.rules import Throughput
 
 ENV = "SWARM_TEST_LIE"
+SEED_ENV = "SWARM_TEST_LIE_SEED"
+"""Seeds which positions a `noise:N` liar lies at, and its noise (default 0)."""
 NOISE_SCALE = 0.05
 """Noise standard deviation as a fraction of each output row's RMS."""
 BOAST = 10.0
@@ -89,12 +92,13 @@ def from_env(environ=os.environ) -> Liar | None:
     if not spec:
         return None
     kind, _, arg = spec.partition(":")
+    seed = int(environ.get(SEED_ENV, "0"))
     if kind == "noise":
-        liar = Liar(every=int(arg or 1))
+        liar = Liar(every=int(arg or 1), seed=seed)
         if liar.every < 1:
             raise ValueError(f"{ENV}={spec}: noise:N needs N >= 1")
     elif kind == "transit" and not arg:
-        liar = Liar(transit=True)
+        liar = Liar(transit=True, seed=seed)
     elif kind == "lazy" and arg:
         liar = Liar(lazy=arg.upper())
     else:

@@ -73,8 +73,10 @@ def generate(client, policy: CheckPolicy) -> TokenStream:
 
 @pytest.fixture
 def liar(swarm, client, smollm2_path, request):
-    peer = swarm.start(f"liar-{request.param.replace(':', '-')}", *serve_args(smollm2_path, "10:20", *swarm.join),
-                       env={"SWARM_TEST_LIE": request.param})
+    """A lying 10:20 peer: `request.param` is the mode, or (mode, seed of its lies)."""
+    mode, seed = request.param if isinstance(request.param, tuple) else (request.param, 0)
+    peer = swarm.start(f"liar-{mode.replace(':', '-')}", *serve_args(smollm2_path, "10:20", *swarm.join),
+                       env={"SWARM_TEST_LIE": mode, "SWARM_TEST_LIE_SEED": str(seed)})
     assert "TEST MODE SWARM_TEST_LIE" in peer.stderr_text()
     _, engine = client
     # a first dial on a busy machine can outlast one RTT probe (and a peer that missed one is left
@@ -130,12 +132,15 @@ def test_a_peer_lying_on_every_step_is_caught_at_its_first_check(liar, client, e
     assert s.result.text == expected
 
 
-@pytest.mark.parametrize("liar", ["noise:10"], indirect=True)
+@pytest.mark.parametrize("liar", [("noise:10", 4)], indirect=True)
 def test_a_peer_lying_on_one_step_in_ten_is_caught_within_50_decode_steps(liar, client, expected):
+    """With lie seed 4 the liar first lies at decode step 9, after the first check (step 2), which
+    it passes; a later check of the default rate (client seed 0) catches it."""
     s = generate(client, CheckPolicy(seed=0))
     of_liar = assert_caught_and_dropped(s, liar.peer_id, client)
     caught = next(c for c in of_liar if c.verdict == "caught")
-    assert caught.decode_step < 50
+    assert of_liar[0].verdict == "ok" and of_liar[0].decode_step == CheckPolicy().first_check_step
+    assert 9 <= caught.decode_step < 50 and caught.position >= s.telemetry.prompt_tokens + 9
     assert s.result.text == expected
 
 

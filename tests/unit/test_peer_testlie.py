@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from swarm.peer.testlie import ENV, NOISE_SCALE, Liar, from_env
+from swarm.peer.testlie import ENV, NOISE_SCALE, SEED_ENV, Liar, from_env
 
 
 def out(rows: int = 8) -> np.ndarray:
@@ -21,7 +21,9 @@ def test_modes_are_parsed_and_warned_about(capsys):
     assert from_env({ENV: "noise"}) == Liar(every=1)
     assert from_env({ENV: "noise:10"}) == Liar(every=10)
     assert from_env({ENV: "lazy:q3_k_m"}) == Liar(lazy="Q3_K_M")
-    assert capsys.readouterr().err.count("WRONG hidden states on purpose") == 3
+    assert from_env({ENV: "noise:10", SEED_ENV: "7"}) == Liar(every=10, seed=7)
+    assert from_env({ENV: "transit"}) == Liar(transit=True)
+    assert capsys.readouterr().err.count("WRONG hidden states on purpose") == 5
     for bad in ("noise:0", "lazy", "honest"):
         with pytest.raises(ValueError):
             from_env({ENV: bad})
