@@ -21,6 +21,9 @@ another peer serves the span: the side two peers agree on is right (a lying chec
 instead). Without a second checker the checked peer is caught: it computed what a peer chosen
 by this client could not reproduce.
 
+At most one check of a generation is in flight: a check that falls due while one runs is skipped,
+so checks never take more than one session slot per generation on the checkers.
+
 A caught peer is excluded by this client for `CheckPolicy.caught_exclusion_s`, recorded in the
 client's `Standing` (route pricing), in the generation's telemetry (`checks`) and in the evidence
 file `swarm status` reads (`EVIDENCE_FILE` under the client's data directory); the route session
@@ -141,8 +144,8 @@ class SpotChecks:
         if rows != 1:
             return
         step, self._decode_step = self._decode_step, self._decode_step + 1
-        if not self._schedule.due(step):
-            return
+        if not self._schedule.due(step) or self._tasks:
+            return  # one check in flight per generation: checks never pile up on the checkers
         candidates = [r for r in records() if r.span.peer_id not in self._convicted]
         if not candidates:
             return

@@ -116,7 +116,7 @@ def test_honest_peers_are_never_flagged_and_their_replays_are_bit_equal(swarm, c
     for t in threads:
         t.join()
     checks = [c for s in streams for c in s.telemetry.checks]
-    assert len(checks) >= 4 * N_NEW // 4
+    assert all(s.telemetry.checks for s in streams) and len(checks) >= 8
     assert {c.peer_id for c in checks} <= swarm.honest and {c.verdict for c in checks} == {"ok"}
     assert max(c.rel_l2 for c in checks) < DEFAULT_BAND.max_rel_l2
     assert [s.result.text for s in streams] == [expected] * 4

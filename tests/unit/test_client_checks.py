@@ -84,7 +84,9 @@ def test_honest_peers_are_never_flagged_and_the_text_is_unchanged():
     plain, _, _, _ = generate(swarm_of(), CheckPolicy(rate=0.0, first_check_step=-1))
     tokens, t, exclusions, standing = generate(swarm_of(), EVERY_STEP)
     assert tokens == plain
-    assert len(t.checks) >= N_NEW - 2 and {c.verdict for c in t.checks} == {"ok"}
+    # one check in flight at a time: a check due while one runs is skipped
+    steps = [c.decode_step for c in t.checks]
+    assert len(steps) >= 3 and steps == sorted(set(steps)) and {c.verdict for c in t.checks} == {"ok"}
     assert all(c.peer_id == "m1" and c.rel_l2 == 0.0 and c.checkers == ["m2"] for c in t.checks)
     assert t.failovers == [] and standing.penalties(0.0) == {}
 
