@@ -4,11 +4,12 @@ A `SpotChecks` rides along one `RouteSession` (its `checks` hook). After each de
 schedule (swarm/route/verify.py) may start a check of one hop, as a task beside the generation
 (which goes on meanwhile): the hop's recorded input rows, up to the step just computed, are sent
 (`CheckPolicy.regroup`, the default) as one prefill (frames of the replay chunk, computed in the
-peers' 64-row ubatches) into a fresh session on the cheapest other peer (or chain of peers) serving the same layers, and every row's
-output is compared with what the checked peer returned (its next hop's recorded inputs) within the
-band. A prefill of k decode rows costs far less than k one-row steps (VeriLLM's observation); the
-price is that the rows are grouped otherwise than the checked peer computed them, which rounds
-differently on some models (scripts/bench_verify.py measures it; the band covers it). Without
+peers' 64-row ubatches) into a fresh session on the cheapest other peer (or chain of peers)
+serving the same layers, and every row's output is compared with what the checked peer returned
+(its next hop's recorded inputs) within the band. A prefill of k decode rows costs far less than
+k one-row steps (VeriLLM's observation); the price is that the rows are grouped otherwise than the
+checked peer computed them, which rounds differently (measured: rel L2 up to 0.0185 on SmolLM2,
+0.0156 on Qwen2.5 0.5B; scripts/bench_verify.py; the band covers it). Without
 `regroup` the recorded steps are replayed as a failover replays them (`Forward.steps`), each its
 own step, and an honest checker reproduces the answers bit for bit.
 
@@ -54,8 +55,8 @@ import numpy as np
 
 from swarm.client.link import HopLink, HopTransport, PeerDirectory, error_of
 from swarm.client.telemetry import CheckEvent, GenerationTelemetry
-from swarm.errors import NoRoute, ProtocolError, SwarmError
-from swarm.route.failover import Exclusions, FailoverPolicy, FailureReason, step_timeout_s
+from swarm.errors import ProtocolError, SwarmError
+from swarm.route.failover import Exclusions, FailoverPolicy, FailureReason, failure_reason, step_timeout_s
 from swarm.route.plan import PeerSpan, plan_route
 from swarm.route.replay import replay_frames
 from swarm.route.verify import Band, CheckPolicy, CheckSchedule, Measure, Standing, compare
@@ -65,6 +66,14 @@ logger = logging.getLogger(__name__)
 
 EVIDENCE_FILE = "caught_peers.jsonl"
 """One JSON line per caught peer (a `CheckEvent`), under the client's data directory."""
+
+
+class _CheckerFailed(Exception):
+    """Internal: checker `span` failed with `error`."""
+
+    def __init__(self, span: PeerSpan, error: SwarmError):
+        super().__init__(str(error))
+        self.span, self.error = span, error
 
 
 @dataclass(frozen=True)
@@ -263,34 +272,53 @@ class SpotChecks:
         self, record: HopRecord, exclude: frozenset[str]
     ) -> tuple[list[str], np.ndarray] | None:
         """The outputs of `record`'s steps recomputed by the cheapest chain of other peers serving
-        its layers, and those peers; None when no such chain exists or it failed (no verdict)."""
-        span, now = record.span, self._now()
-        try:
-            spans = await self._directory.peers(self._exclusions.active(now), False)
-            plan = plan_route(spans, self.spec.n_layers, self.spec.n_tokens, start=span.start, end=span.end,
-                              exclude=self._exclusions.active(now) | exclude,
-                              penalty_ms=self.ctx.standing.penalties(now))
-        except NoRoute:
-            return None
-        by_id = {s.peer_id: s for s in spans}
+        its layers, and those peers; None when no such chain exists or every attempt failed (no
+        verdict). A checker that fails (gone, busy, garbled) is excluded, as a failed hop is, and
+        the next cheapest is tried, up to `FailoverPolicy.max_open_attempts` plans."""
+        span = record.span
+        for _ in range(self._failover.max_open_attempts):
+            now = self._now()
+            try:
+                spans = await self._directory.peers(self._exclusions.active(now), False)
+                plan = plan_route(spans, self.spec.n_layers, self.spec.n_tokens, start=span.start,
+                                  end=span.end, exclude=self._exclusions.active(now) | exclude,
+                                  penalty_ms=self.ctx.standing.penalties(now))
+            except SwarmError:  # NoRoute among them
+                return None
+            by_id = {s.peer_id: s for s in spans}
+            try:
+                chain = [by_id[h.peer_id] for h in plan.hops]
+                return [s.peer_id for s in chain], await self._run(record, chain)
+            except _CheckerFailed as f:
+                logger.info("spot check of layers %d:%d: checker %s… failed: %s", span.start, span.end,
+                            f.span.peer_id[:12], f.error)
+                self._exclusions.add(f.span.peer_id, failure_reason(f.error), self._now(), f.span.incarnation)
+        return None
+
+    async def _run(self, record: HopRecord, chain: list[PeerSpan]) -> np.ndarray:
+        """Send `record`'s rows through `chain` (fresh sessions, closed after); the last one's outputs.
+
+        Raises:
+            _CheckerFailed: a peer of the chain failed.
+        """
         links: list[HopLink] = []
         step = record.step_number
+        current = chain[0]
         try:
-            for h in plan.hops:
-                links.append(await self._open(by_id[h.peer_id], record.offers))
+            for current in chain:
+                links.append(await self._open(current, record.offers))
             blocks = list(record.inputs)
-            for link, h in zip(links, plan.hops):
+            for link, current in zip(links, chain):
                 outs, pos0 = [], 0
                 for x, steps in self._frames(blocks):
                     frame = Forward(step=step, pos0=pos0, hidden=x, steps=steps)
                     step, pos0 = step + 1, pos0 + frame.n_tokens
-                    timeout_s = step_timeout_s(by_id[h.peer_id], frame.n_tokens, self._failover, steps)
+                    timeout_s = step_timeout_s(current, frame.n_tokens, self._failover, steps)
                     outs.append(await self._exchange(link, frame, timeout_s))
                 blocks = np.split(np.concatenate(outs), np.cumsum([b.shape[0] for b in blocks])[:-1])
-            return [h.peer_id for h in plan.hops], np.concatenate(blocks)
+            return np.concatenate(blocks)
         except SwarmError as e:
-            logger.info("spot check of layers %d:%d not done: %s", span.start, span.end, e)
-            return None
+            raise _CheckerFailed(current, e) from e
         finally:
             await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import gguf
 import numpy as np
 
-DEFAULT_CHECK_RATE = 0.05
+DEFAULT_CHECK_RATE = 0.03
 """Probability that a decode step starts a spot check (when none is running)."""
 
 FIRST_CHECK_STEP = 2

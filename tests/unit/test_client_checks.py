@@ -149,3 +149,14 @@ def test_a_regrouped_check_of_a_peer_that_rounds_by_grouping_is_outside_the_band
     simulated ones do, by design) differs from a one-prefill recomputation though it is honest."""
     _, t, _, _ = generate(swarm_of(), CheckPolicy(rate=0.0, first_check_step=2, seed=5))
     assert t.checks and t.checks[0].rel_l2 > 0.0
+
+
+def test_a_dead_checker_is_excluded_and_the_next_one_checks():
+    """m2, the cheapest checker, died before the generation (its record lingers): the check moves
+    on to m3 instead of giving up, and m2 is excluded as unreachable."""
+    peers = swarm_of()
+    peers[2].state = "dead"
+    _, t, exclusions, _ = generate(peers, CheckPolicy(rate=0.0, first_check_step=2, seed=5, regroup=False))
+    [c] = t.checks
+    assert (c.peer_id, c.checkers, c.verdict) == ("m1", ["m3"], "ok")
+    assert exclusions.reason("m2") is FailureReason.UNREACHABLE
