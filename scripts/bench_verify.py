@@ -12,7 +12,7 @@ Reported (one JSON object on stdout; progress on stderr):
       by the 2-thread one, then the other way round: checked decode steps, the largest measured
       rel L2 and smallest cosine, and how many checks were flagged (must be 0).
   liars: per lying mode (`SWARM_TEST_LIE`: noise on every step, on 1 in 10, on 1 in 100, a peer
-      serving Q2_K and Q3_K_M requantizations), `--liar-runs` generations at the default check
+      serving Q4_0, Q3_K_M and Q2_K requantizations), `--liar-runs` generations at the default check
       policy (seed = run number): the decode step whose check caught the liar (None: not caught in
       `--liar-tokens` tokens), the checks of the liar's hop until then, the measured rel L2, and
       whether the text equals llama.cpp's whole model.
@@ -52,7 +52,7 @@ from swarm.route.verify import DEFAULT_BAND, CheckPolicy, Standing, compare
 from swarm.wire import receipt
 
 PROMPT = "The old lighthouse keeper climbed the stairs one last time. At the top, he found"
-MODES = ("noise", "noise:10", "noise:100", "lazy:Q2_K", "lazy:Q3_K_M")
+MODES = ("noise", "noise:10", "noise:100", "lazy:Q4_0", "lazy:Q3_K_M", "lazy:Q2_K")
 
 
 def serve(path: Path, layers: str, threads: int, *join: str) -> tuple[str, ...]:
@@ -167,9 +167,10 @@ def honest(engine, tokenizer, n_tokens: int, names: dict) -> dict:
             "band": dataclasses.asdict(DEFAULT_BAND)}
 
 
-def liars(ps: PeerSet, path: Path, join: tuple[str, ...], engine, tokenizer, want: str, args) -> dict:
-    """Each run starts a liar whose lies are seeded by the run number (noise modes) and a client
-    whose check schedule is too, so the runs show the spread of detection steps."""
+def liars(ps: PeerSet, path: Path, join: tuple[str, ...], want: str, args) -> dict:
+    """Each run starts a liar whose lies are seeded by the run number (noise modes) and a new client
+    whose check schedule is too, so the runs show the spread of detection steps. (A new client per
+    run: a client keeps the records it has seen until they expire, stopped liars' too.)"""
     out = {}
     for mode in args.modes.split(","):
         runs, liar = [], None
@@ -180,9 +181,13 @@ def liars(ps: PeerSet, path: Path, join: tuple[str, ...], engine, tokenizer, wan
                     ps.started.remove(liar)
                 liar = ps.start(f"liar-{mode.replace(':', '-')}-{seed}", *serve(path, "10:20", 1, *join),
                                 env={"SWARM_TEST_LIE": mode, "SWARM_TEST_LIE_SEED": str(seed)})
+            tokenizer, engine = connect_swarm(str(path), [join[1]])
+            engine.settle_checks = True
+            try:
                 wait_reachable(engine, liar.peer_id)
-            fresh_standing(engine)
-            s = generate(engine, tokenizer, CheckPolicy(seed=seed), args.liar_tokens)
+                s = generate(engine, tokenizer, CheckPolicy(seed=seed), args.liar_tokens)
+            finally:
+                engine.close()
             of_liar = [c for c in s.telemetry.checks if c.peer_id == liar.peer_id]
             caught = next((c for c in of_liar if c.verdict == "caught"), None)
             routed = [f.peer_id for f in s.telemetry.failovers] + [h.peer_id for h in s.telemetry.route]
@@ -193,6 +198,7 @@ def liars(ps: PeerSet, path: Path, join: tuple[str, ...], engine, tokenizer, wan
                 "rel_l2": float(f"{caught.rel_l2:.3g}") if caught else None,
                 "cosine": round(caught.cosine, 6) if caught else None,
                 "text_equal": s.result.text == want,
+                "tokens": len(s.result.tokens),
             })
             print(json.dumps({mode: runs[-1]}), file=sys.stderr, flush=True)
         liar.stop()
@@ -254,7 +260,7 @@ def main() -> int:
                     out["cost"] = cost(engine, tokenizer, args)
                     print(json.dumps({"cost": out["cost"]}), file=sys.stderr, flush=True)
                 if "liars" not in skip:
-                    out["liars"] = liars(ps, path, join, engine, tokenizer, want, args)
+                    out["liars"] = liars(ps, path, join, want, args)
             finally:
                 engine.close()
         finally:

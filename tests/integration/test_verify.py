@@ -18,8 +18,8 @@ import pytest
 
 from swarm.client.generate import GenerationRequest, TokenStream
 from swarm.client.remote import connect_swarm
-from swarm.route.failover import Exclusions, FailureReason
-from swarm.route.verify import DEFAULT_BAND, CheckPolicy, Standing
+from swarm.route.failover import FailureReason
+from swarm.route.verify import DEFAULT_BAND, CheckPolicy
 
 from tests.helpers.oracle import oracle
 from tests.helpers.peers import PeerSet, serve_args, wait_for
@@ -43,15 +43,15 @@ def swarm(smollm2_path, tmp_path_factory):
     ps.stop_all()
 
 
-@pytest.fixture(scope="module")
-def client(swarm, smollm2_path, tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SWARM_HOME", str(tmp_path_factory.mktemp("client-home")))  # the evidence file
+@pytest.fixture
+def client(swarm, smollm2_path, tmp_path, monkeypatch):
+    """A new client per test: no exclusions, no offences, and no memory of earlier tests' liars
+    (a client keeps records it has seen until they expire, and a stopped liar's lingers)."""
+    monkeypatch.setenv("SWARM_HOME", str(tmp_path))  # the evidence file
     tokenizer, engine = connect_swarm(str(smollm2_path), [swarm.join[1]])
     engine.settle_checks = True  # the test reads every check's verdict
     yield tokenizer, engine
     engine.close()
-    mp.undo()
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +60,8 @@ def expected(smollm2_path) -> str:
 
 
 def generate(client, policy: CheckPolicy) -> TokenStream:
-    """One generation of N_NEW tokens from a client that has caught nobody yet."""
+    """One generation of N_NEW tokens with spot checks of `policy`."""
     tokenizer, engine = client
-    engine.exclusions = Exclusions(engine.policy.exclusion_s)
-    engine.checks = dataclasses.replace(engine.checks, standing=Standing(policy))
     engine.check_policy = policy
     stream = TokenStream(engine, tokenizer, tokenizer.encode(PROMPT), GenerationRequest(max_new_tokens=N_NEW),
                          backend="swarm")
@@ -144,12 +142,15 @@ def test_a_peer_lying_on_one_step_in_ten_is_caught_within_50_decode_steps(liar, 
     assert s.result.text == expected
 
 
-@pytest.mark.parametrize("liar", ["lazy:Q2_K"], indirect=True)
-def test_a_lazy_peer_serving_a_lower_quantization_is_caught(liar, client, expected):
+@pytest.mark.parametrize("liar", ["lazy:Q4_0"], indirect=True)
+def test_a_lazy_peer_serving_a_lower_quantization_is_caught(liar, client):
+    """SmolLM2's Q4_1 weights requantized to Q4_0: caught at the first check. (The text is not
+    compared: what the lazy peer computed before its first check may already have changed a
+    token; scripts/bench_verify.py records how often.)"""
     s = generate(client, CheckPolicy(seed=0))
     [first, *_] = assert_caught_and_dropped(s, liar.peer_id, client)
     assert first.verdict == "caught" and first.decode_step == CheckPolicy().first_check_step
-    assert s.result.text == expected
+    assert len(s.result.tokens) > CheckPolicy().first_check_step + 1
 
 
 @pytest.mark.parametrize("liar", ["transit"], indirect=True)
