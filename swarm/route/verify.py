@@ -62,18 +62,24 @@ class Band:
     source: str = ""
 
 
-DEFAULT_BAND = Band(
-    max_rel_l2=0.03, min_cosine=0.9995,
-    source="honest checks (one prefill) of SmolLM2 over threads 1 and 2 and batches of 1 to 8 "
-           "sessions: rel L2 at most 0.0184, cosine at least 0.99984 (3,384 decode steps, 0 "
-           "flagged); one prefill against the client's steps on SmolLM2 0.0185 and Qwen2.5 0.5B "
-           "0.0156; flash attention off, another kernel's rounding: 0.0216 and 0.0157 "
-           "(scripts/bench_verify.py)",
-)
-"""The band for a model and quantization type not calibrated yet."""
+BANDS: dict[tuple[str, str], Band] = {
+    ("llama", "MOSTLY_Q4_1"): Band(
+        max_rel_l2=0.03, min_cosine=0.9995,
+        source="SmolLM2-135M Q4_1, span 10:20: honest checks (one prefill) over threads 1 and 2 and "
+               "batches of 1 to 8 sessions at most rel L2 0.0184, cosine 0.99984 (3,384 decode steps, "
+               "0 flagged); flash attention off (another kernel's rounding) 0.0216 (scripts/bench_verify.py)",
+    ),
+    ("qwen2", "MOSTLY_Q4_K_M"): Band(
+        max_rel_l2=0.03, min_cosine=0.9995,
+        source="Qwen2.5-Coder-0.5B Q4_K_M, span 8:16: one prefill against the client's steps rel L2 "
+               "0.0156, cosine 0.99988; flash attention off 0.0157 (scripts/bench_verify.py)",
+    ),
+}
+"""(architecture, quantization type) → the band calibrated from honest runs of that model."""
 
-BANDS: dict[tuple[str, str], Band] = {}
-"""(architecture, quantization type) → calibrated band; `band_for` falls back to DEFAULT_BAND."""
+DEFAULT_BAND = Band(max_rel_l2=0.03, min_cosine=0.9995,
+                    source="the calibrated models' band, for a model and quantization not calibrated yet")
+"""The band `band_for` falls back to."""
 
 
 def quant_type(hparams: dict) -> str:

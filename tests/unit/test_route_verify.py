@@ -10,7 +10,7 @@ import pytest
 
 from swarm.route.plan import PeerSpan, plan_route
 from swarm.route.verify import (
-    DEFAULT_BAND, Band, CheckPolicy, CheckSchedule, Standing, compare, quant_type,
+    DEFAULT_BAND, Band, CheckPolicy, CheckSchedule, Standing, band_for, compare, quant_type,
 )
 
 
@@ -109,3 +109,9 @@ def test_quant_type_names_the_gguf_file_type():
     assert quant_type({"general.file_type": 3}) == "MOSTLY_Q4_1"
     assert quant_type({}) == ""
     assert quant_type({"general.file_type": "junk"}) == ""
+
+
+def test_the_band_is_looked_up_by_architecture_and_quantization():
+    assert "SmolLM2" in band_for("llama", "MOSTLY_Q4_1").source
+    assert "Qwen2.5" in band_for("qwen2", "MOSTLY_Q4_K_M").source
+    assert band_for("llama", "MOSTLY_Q8_0") is DEFAULT_BAND
