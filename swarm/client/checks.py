@@ -179,6 +179,11 @@ class SpotChecks:
         logger.warning("push chain broken at position %d between %s… and %s…: relaying from now on",
                        position, pusher.peer_id[:12], receiver.peer_id[:12])
 
+    async def check_now(self, records: list[HopRecord]) -> None:
+        """Check every hop of `records` now and wait for the verdicts (`CheckPolicy.verify_prefill`:
+        the prompt's rows, before the first token); those caught are then in `take_caught`."""
+        await asyncio.gather(*(self._check(r, -1) for r in records if r.span.peer_id not in self._convicted))
+
     def take_caught(self) -> list[CheckEvent]:
         """Checks that caught a peer since the last call (the route drops those peers)."""
         caught, self._caught = self._caught, []

@@ -169,6 +169,7 @@ class RemoteSession:
         for i in range(self.route.pos, len(tokens), self._chunk):
             token = self._loop.run(self.route.step(x[i : i + self._chunk]), CALL_TIMEOUT_S)
         assert token is not None
+        token = self._loop.run(self.route.verify_prefill(), CALL_TIMEOUT_S) or token
         return StepResult(token=token.token, logprob=token.logprob, top=token.top)
 
     def decode(self, token: int) -> StepResult:

@@ -171,6 +171,8 @@ class RouteSession:
         """Prompt tokens the route restored from snapshots at open (the prefill starts there)."""
         self._offers: tuple[tuple[int, bytes], ...] = ()
         self._prefix_rows: Callable[[int], np.ndarray] | None = None
+        self._replayed_token: Token | None = None
+        """The last hop's answer to the last row of the latest replay through it."""
         self._push_broken = False
         """A receipt showed pushed rows altered between two hops: this generation relays from then on."""
         self.checks: SpotChecks | None = None
@@ -382,6 +384,17 @@ class RouteSession:
         self.chained, self._push_broken = False, True
         if self.checks is not None:
             self.checks.chain_break(self._hops[i - 1].span, self._hops[i].span, self.pos)
+
+    async def verify_prefill(self) -> Token | None:
+        """With `CheckPolicy.verify_prefill`: check every checkable hop's prompt rows now, before the
+        first token is given out; a caught hop is dropped and the route rebuilt, and the rebuilt
+        route's token after the prompt is returned (None: nothing was caught, or no checks)."""
+        if self.checks is None or not self.checks.ctx.policy.verify_prefill:
+            return None
+        await self.checks.check_now(self._check_records())
+        self._replayed_token = None
+        await self._apply_checks()
+        return self._replayed_token
 
     async def _apply_checks(self) -> None:
         """Drop every hop a spot check caught since the last step, rebuilding the route."""
@@ -606,6 +619,8 @@ class RouteSession:
                 hop.inputs.extend(split_steps(x, steps))
                 if isinstance(reply, Hidden):
                     x = np.asarray(reply.hidden, dtype=np.float32)
+                else:
+                    self._replayed_token = reply
             pos0 += n
 
     async def _drop(self, link: HopLink) -> None:

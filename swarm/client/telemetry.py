@@ -95,7 +95,8 @@ class CheckEvent:
             receipt of `checkers[0]`, the next hop, is not of the rows `peer_id` said it pushed;
             rel_l2 inf).
         offences: the caught peer's offences in this client's standing window, with this one.
-        decode_step: the generation's decode step (0-based) after which the check started.
+        decode_step: the generation's decode step (0-based) after which the check started; -1: the
+            prompt's check before the first token (`CheckPolicy.verify_prefill`).
     """
 
     peer_id: str

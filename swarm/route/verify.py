@@ -154,6 +154,9 @@ class CheckPolicy:
         regroup: a check sends the hop's rows as one prefill (cheap; rows grouped otherwise than
             the checked peer computed them, so the band must cover the rounding that costs);
             False: as the recorded steps (bit-exact on one kind of machine, one row per step).
+        verify_prefill: check every hop's prompt rows before the first token is given out, so a
+            peer lying from its first answer cannot change any token (costs TTFT: one prefill of
+            each checked span on its checker, waited for).
     """
 
     rate: float = DEFAULT_CHECK_RATE
@@ -163,6 +166,7 @@ class CheckPolicy:
     penalty_ms: float = OFFENCE_PENALTY_MS
     standing_window_s: float = 7 * 24 * 3600.0
     regroup: bool = True
+    verify_prefill: bool = False
 
     def __post_init__(self):
         if not 0.0 <= self.rate <= 1.0:

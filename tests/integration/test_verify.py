@@ -145,12 +145,22 @@ def test_a_peer_lying_on_one_step_in_ten_is_caught_within_50_decode_steps(liar, 
 @pytest.mark.parametrize("liar", ["lazy:Q4_0"], indirect=True)
 def test_a_lazy_peer_serving_a_lower_quantization_is_caught(liar, client):
     """SmolLM2's Q4_1 weights requantized to Q4_0: caught at the first check. (The text is not
-    compared: what the lazy peer computed before its first check may already have changed a
-    token; scripts/bench_verify.py records how often.)"""
+    compared: the lazy peer's prefill already changed the first token, before any check could;
+    scripts/bench_verify.py records it, and the next test checks the prompt first.)"""
     s = generate(client, CheckPolicy(seed=0))
     [first, *_] = assert_caught_and_dropped(s, liar.peer_id, client)
     assert first.verdict == "caught" and first.decode_step == CheckPolicy().first_check_step
     assert len(s.result.tokens) > CheckPolicy().first_check_step + 1
+
+
+@pytest.mark.parametrize("liar", ["lazy:Q4_0"], indirect=True)
+def test_checking_the_prompt_first_keeps_a_lazy_peer_from_changing_any_token(liar, client, expected):
+    """With `verify_prefill` the prompt's rows are checked before the first token is given out: the
+    lazy peer is caught there, the route rebuilt, and the whole text equals llama.cpp's."""
+    s = generate(client, CheckPolicy(seed=0, verify_prefill=True))
+    [first, *_] = assert_caught_and_dropped(s, liar.peer_id, client)
+    assert (first.verdict, first.decode_step) == ("caught", -1)
+    assert s.result.text == expected
 
 
 @pytest.mark.parametrize("liar", ["transit"], indirect=True)

@@ -63,6 +63,7 @@ def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | Non
             x = np.concatenate([embed(t) for t in PROMPT])
             for i in range(0, len(PROMPT), 3):
                 tok = await s.step(x[i : i + 3])
+            tok = await s.verify_prefill() or tok  # as swarm.client.remote.RemoteSession.prefill does
             tokens = [tok.token]
             while len(tokens) < N_NEW:
                 tokens.append((await s.step(embed(tokens[-1]))).token)
@@ -160,3 +161,19 @@ def test_a_dead_checker_is_excluded_and_the_next_one_checks():
     [c] = t.checks
     assert (c.peer_id, c.checkers, c.verdict) == ("m1", ["m3"], "ok")
     assert exclusions.reason("m2") is FailureReason.UNREACHABLE
+
+
+def test_checking_the_prompt_before_the_first_token_keeps_every_token_of_a_liar_from_the_start():
+    """m1 lies from its second Forward (the prompt's second chunk) on: with `verify_prefill` it is
+    caught before the first token is given out, and every token equals the fault-free run's."""
+    plain, _, _, _ = generate(swarm_of(), CheckPolicy(rate=0.0, first_check_step=-1))
+    check = CheckPolicy(rate=0.0, first_check_step=-1, regroup=False, verify_prefill=True)
+    tokens, t, exclusions, _ = generate(swarm_of("lie", lie_after=1), check)
+    assert tokens == plain
+    [c] = t.checks
+    assert (c.peer_id, c.verdict, c.decode_step) == ("m1", "caught", -1)
+    assert 3 <= c.position < len(PROMPT)  # the worst row: one of the rows m1 lied on
+    [f] = t.failovers
+    assert (f.peer_id, f.reason, f.position) == ("m1", "wrong_output", len(PROMPT))
+    unverified, _, _, _ = generate(swarm_of("lie", lie_after=1), CheckPolicy(rate=0.0, first_check_step=-1))
+    assert unverified[0] != plain[0]  # without it the first token is the liar's
