@@ -46,7 +46,7 @@ from swarm.kv.sessions import SessionTable
 from swarm.peer import rules
 from swarm.peer.rebalance import Drain
 from swarm.route.plan import PeerSpan
-from swarm.wire import Chain, Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token
+from swarm.wire import Chain, Error, ErrorCode, Forward, Frame, Hidden, Open, OpenOk, Token, receipt
 
 IDLE_TIMEOUT_S = 600.0
 """A session unused this long is evicted (as `swarm.peer.handler.PeerStreams.idle_timeout_s`)."""
@@ -182,8 +182,9 @@ class SimPeer:
         self._rows.setdefault(sid, []).append(frame.hidden)
         table.advance(slot, n, done_s)
         if self.end < self.profile.budget.n_layers:
-            return Hidden(frame.step, out, compute_s * 1000.0), done_s
-        return Token(frame.step, token_of(out), 0.0, (), compute_s * 1000.0), done_s
+            return Hidden(frame.step, out, compute_s * 1000.0, receipt=receipt(frame.hidden)), done_s
+        token = Token(frame.step, token_of(out), 0.0, (), compute_s * 1000.0, receipt=receipt(frame.hidden))
+        return token, done_s
 
     def _open(self, sid: bytes, owner: str, frame: Open, now_s: float) -> Frame:
         # the real peer's refusals, in its order; a simulated peer leaving answers before (`handle`)
@@ -330,7 +331,7 @@ class PeerLink:
                 link, one_way_s = nxt
                 link.pushed(Forward(step=frame.step, pos0=frame.pos0, hidden=reply.hidden, push=True,
                                     rewind=frame.rewind, steps=frame.steps), done_s + one_way_s, peer.peer_id)
-                reply = Hidden(reply.step, reply.hidden, reply.compute_ms, pushed=True)
+                reply = Hidden(reply.step, reply.hidden, reply.compute_ms, pushed=True, receipt=reply.receipt)
         asyncio.get_running_loop().call_at(done_s + self._rtt_s / 2, self._arrive, reply)
 
     def _arrive(self, reply: Frame) -> None:

@@ -9,9 +9,9 @@ states: a replay that regrouped recorded steps (`Forward.steps`) gives other tok
 
 Faults are scripted per peer: after a given number of Forward frames the peer dies (links reset,
 dials refused), freezes (nothing answers; the caller's timeout passes on the virtual clock), starts
-leaving (SHUTTING_DOWN), or answers malformed frames. `VirtualClock.sleep` advances time without
-waiting, so failover backoff costs nothing to simulate. One client at a time: for many concurrent
-clients, run on `sim.vloop` instead (as `sim.run` does).
+leaving (SHUTTING_DOWN), answers malformed frames, or lies (wrong hidden states, for spot checks).
+`VirtualClock.sleep` advances time without waiting, so failover backoff costs nothing to simulate.
+One client at a time: for many concurrent clients, run on `sim.vloop` instead (as `sim.run` does).
 
 This module does not: use sockets, threads, hivemind or llama.cpp. The route session it serves is
 the client's own (swarm/client/session.py), over the client's link protocol (swarm/client/link.py).
@@ -56,8 +56,9 @@ class SpanPeer:
 
     Attributes:
         fault: what happens after `fault_after` Forward frames: "die", "freeze", "leave",
-            "malformed", "hung" (blocks until the caller cancels), or "" (never).
-        state: "up", "dead", "frozen", "leaving", "malformed" or "hung" now.
+            "malformed", "hung" (blocks until the caller cancels), "lie" (hidden states answered
+            with their low half shifted: a peer computing wrong), or "" (never).
+        state: "up", "dead", "frozen", "leaving", "malformed", "hung" or "lie" now.
         sessions: session id -> [next position, per-layer state of `sim.compute.run_layers`].
         forwards: Forward frames handled so far.
         incarnation: the `started_at` it announces; `restart` changes it.
@@ -140,6 +141,9 @@ class SpanPeer:
         self.sessions[session_id][0] = pos + frame.n_tokens
         if self.state == "malformed":
             return Hidden(frame.step, np.zeros((1, 1), np.float32), 0.1)
+        if self.state == "lie":
+            out = out.copy()
+            out[:, 1] = (out[:, 1] + 2**23) % 2**24
         if self.end < self.n_layers:
             return Hidden(frame.step, out, 1.0)
         return Token(frame.step, token_of(out), 0.0, (), 1.0)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import math
 import struct
 from dataclasses import dataclass
@@ -72,7 +73,29 @@ PROTOCOL_GENERATION = 6
    when asked (`SamplingParams.logprobs`).
 4: `Forward.steps`: one frame replays many recorded steps, each computed as it was first sent.
 5: `Forward.sample` dropped: no peer read it (the last span always samples).
-6: `Chain.next_relay`: the next hop's relay addresses (a peer behind a NAT: swarm/relay)."""
+6: `Chain.next_relay`, the next hop's relay addresses (a peer behind a NAT: swarm/relay); and
+   receipts: `Hidden.receipt` and `Token.receipt`, the digest of the input rows the peer computed
+   (`receipt`), so a client can check a push chain end to end."""
+
+RECEIPT_BYTES = 16
+"""Size of a step's receipt (BLAKE2b-128 of its input rows)."""
+
+
+def receipt(rows: np.ndarray) -> bytes:
+    """The receipt of a step: BLAKE2b-128 of its input rows as little-endian float32 bytes.
+
+    A peer answers every step with the receipt of the rows it computed (`Hidden.receipt`,
+    `Token.receipt`); the client compares it with the receipt of the rows it sent or of the copy
+    the previous hop returned of what it pushed, so rows altered between pushing peers are found
+    at the step they were altered (swarm/client/session.py).
+
+    Args:
+        rows: `[n, hidden]` float32 or float16 (hashed as float32).
+    Returns:
+        RECEIPT_BYTES bytes.
+    """
+    data = np.ascontiguousarray(rows, dtype="<f4").tobytes()
+    return hashlib.blake2b(data, digest_size=RECEIPT_BYTES).digest()
 
 MAX_HEADER_BYTES = 4096
 """Largest msgpack header accepted."""
@@ -510,12 +533,14 @@ class Hidden(_Frame):
     """Peer → client: `[n_tokens, n_embd]` hidden states after the span, and compute time in ms.
 
     `pushed`: the peer also pushed them to the next hop (Forward.push), so the client need not
-    relay them; this copy is what the client keeps for failover."""
+    relay them; this copy is what the client keeps for failover. `receipt`: `receipt` of the input
+    rows the peer computed (b"": none given)."""
 
     step: int = _wire(_Int(0, _U64))
     hidden: np.ndarray = _wire(_Tensor(MAX_HIDDEN))
     compute_ms: float = _wire(_Float(0.0, 1e9))
     pushed: bool = _wire(_Bool(), default=False)
+    receipt: bytes = _wire(_Bytes(RECEIPT_BYTES, or_empty=True), default=b"")
 
 
 @_frame("token")
@@ -530,6 +555,7 @@ class Token(_Frame):
         top: up to MAX_TOP_LOGPROBS (token id, logprob) pairs.
         compute_ms: span compute time in ms.
         logits: `[rows, n_vocab]` float32 when the client asked (want_logits), else None.
+        receipt: `receipt` of the input rows the peer computed (b"": none given).
     """
 
     step: int = _wire(_Int(0, _U64))
@@ -541,6 +567,7 @@ class Token(_Frame):
     )
     compute_ms: float = _wire(_Float(0.0, 1e9))
     logits: np.ndarray | None = _wire(_Tensor(MAX_VOCAB, optional=True), default=None)
+    receipt: bytes = _wire(_Bytes(RECEIPT_BYTES, or_empty=True), default=b"")
 
 
 @_frame("truncate")

@@ -4,6 +4,8 @@ api.py         `Client`: generate / stream / chat on the swarm or locally
 generate.py    the generation loop shared by both backends: limits, deltas, stop, telemetry
 local.py       whole-model llama.cpp engine (local=True)
 session.py     one generation's route: sticky hops, push chaining, failover by replay (links, clock injected)
+checks.py      spot checks of a route's hops: a hop's recorded steps replayed on another peer, compared
+               within the band; caught peers excluded, priced, reported
 link.py        the link protocol a route session drives (send / recv), its directory, Error frames
                as exceptions
 remote.py      the swarm engine (a RouteSession per generation) and `connect_swarm` (joining for a model)

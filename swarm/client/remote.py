@@ -16,12 +16,14 @@ RTTs and the failed peers to avoid are shared.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from pathlib import Path
 
 from swarm.artifacts.distribute import acquire, client_ranges
 from swarm.artifacts.session import ArtifactSession, SessionConfig
+from swarm.client.checks import CheckContext, SpotChecks
 from swarm.client.connection import SwarmConnection
 from swarm.client.directory import DHTDirectory
 from swarm.client.generate import StepResult
@@ -30,6 +32,7 @@ from swarm.client.session import RouteSession, SessionSpec
 from swarm.client.streams import P2PTransport
 from swarm.client.telemetry import GenerationTelemetry
 from swarm.client.tokenizer import Tokenizer
+from swarm.dht.identity import resolve_data_dir
 from swarm.dht.node import SwarmDHT
 from swarm.errors import SwarmError
 from swarm.ggml_bridge.embed import TokenEmbedder
@@ -38,6 +41,7 @@ from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import cache_dir, is_model_id, resolve_model
 from swarm.route.failover import Exclusions, FailoverPolicy
+from swarm.route.verify import CheckPolicy, Standing, band_for, quant_type
 from swarm.sampling import SamplingParams
 
 CALL_TIMEOUT_S = 900.0
@@ -60,6 +64,10 @@ class RemoteEngine:
         directory: the peers' announcements and measured RTTs.
         transport: opens the hops' streams; `transport.direct = False` keeps them on libp2p.
         push: chain each route for server push (swarm/client/session.py); False: relay every step.
+        check_policy: spot checks of every route's hops (swarm/client/checks.py); None: no checks.
+        checks: what those checks share: the band of this model's quantization, the peers'
+            standing (route pricing), where evidence of caught peers goes (`swarm status` reads it).
+        settle_checks: a session's close waits for its checks in flight (tests, benchmarks).
     """
 
     def __init__(
@@ -87,6 +95,10 @@ class RemoteEngine:
         self.exclusions = Exclusions(self.policy.exclusion_s)
         self.transport = P2PTransport(conn.dht, self.directory)
         self.push = True
+        self.check_policy: CheckPolicy | None = CheckPolicy()
+        self.checks = CheckContext(self.check_policy, band_for(manifest.arch, quant_type(manifest.hparams)),
+                                   Standing(self.check_policy), evidence_dir=resolve_data_dir(None))
+        self.settle_checks = False
         self._rng = random.SystemRandom()
         self._sessions: set[RemoteSession] = set()
 
@@ -111,6 +123,11 @@ class RemoteEngine:
             rng=self._rng,
             push_addrs=self._push_addrs if self.push else None,
         )
+        if self.check_policy is not None:
+            ctx = dataclasses.replace(self.checks, policy=self.check_policy)
+            route.checks = SpotChecks(ctx, spec, self.directory, self.transport, self.exclusions, self.policy,
+                                      telemetry, now=time.monotonic, rng=self._rng)
+            route.checks.settle_on_close = self.settle_checks
         session = RemoteSession(self._conn.loop, route, self._embedder, self._chunk, self.reuse_prefixes)
         self._sessions.add(session)
         session.on_close = self._sessions.discard
@@ -154,6 +171,7 @@ class RemoteSession:
         for i in range(self.route.pos, len(tokens), self._chunk):
             token = self._loop.run(self.route.step(x[i : i + self._chunk]), CALL_TIMEOUT_S)
         assert token is not None
+        token = self._loop.run(self.route.verify_prefill(), CALL_TIMEOUT_S) or token
         return StepResult(token=token.token, logprob=token.logprob, top=token.top)
 
     def decode(self, token: int) -> StepResult:

@@ -20,7 +20,11 @@ replay, and the last answers the token: the client sends once per step and reads
 in turn. A hop that did not push answers `pushed` false and the client relays from there. When a
 hop fails mid-step, the client replaces it as above and finishes the step by relay with
 `Forward.rewind` (a later hop may already hold the step from a push before the failure); answers to
-steps the client gave up on are recognised by their step number and skipped.
+steps the client gave up on are recognised by their step number and skipped. Every answer carries
+the receipt of the rows the peer computed (`swarm.wire.receipt`): a relayed step's must be of the
+rows sent; a pushed step's of the copy the previous hop returned, else the rows were altered between
+the two peers (a chain break): the step is relayed again with `rewind` and the generation relays
+from then on.
 
 Everything that does I/O or reads time is passed in: the `PeerDirectory` (announced spans and RTT
 probes), the `HopTransport` (links to peers, swarm/client/link.py), the clock, the sleep and the
@@ -52,8 +56,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from swarm.client.checks import HopRecord, SpotChecks
 from swarm.client.link import HopLink, HopTransport, PeerDirectory, error_of
-from swarm.client.telemetry import FailoverEvent, GenerationTelemetry, HopTelemetry
+from swarm.client.telemetry import CheckEvent, FailoverEvent, GenerationTelemetry, HopTelemetry
 from swarm.errors import NoRoute, ProtocolError, SessionTooLong, SwarmError
 from swarm.route.failover import (
     Exclusions, FailoverPolicy, FailureReason, backoff_s, failure_reason, step_timeout_s,
@@ -64,7 +69,7 @@ from swarm.route.replay import clip_steps, replay_frames, split_steps
 from swarm.route.restore import CannotRestore, rebuild_rows, restore_point
 from swarm.sampling import SamplingParams
 from swarm.wire import (
-    MAX_CHAIN_ADDRS, MAX_FORWARD_STEPS, Chain, Error, Forward, Frame, Hidden, Open, OpenOk, Token,
+    MAX_CHAIN_ADDRS, MAX_FORWARD_STEPS, Chain, Error, Forward, Frame, Hidden, Open, OpenOk, Token, receipt,
 )
 
 
@@ -166,6 +171,13 @@ class RouteSession:
         """Prompt tokens the route restored from snapshots at open (the prefill starts there)."""
         self._offers: tuple[tuple[int, bytes], ...] = ()
         self._prefix_rows: Callable[[int], np.ndarray] | None = None
+        self._replayed_token: Token | None = None
+        """The last hop's answer to the last row of the latest replay through it."""
+        self._push_broken = False
+        """A receipt showed pushed rows altered between two hops: this generation relays from then on."""
+        self.checks: SpotChecks | None = None
+        """Spot checks of the hops (swarm/client/checks.py); None: none. A peer they catch is
+        dropped before the next step and the route rebuilt (`_drop_caught`)."""
 
     @property
     def route(self) -> list[str]:
@@ -205,6 +217,7 @@ class RouteSession:
         Raises:
             SwarmError: more than policy.max_failovers failovers, or no replacement for a failed hop.
         """
+        await self._apply_checks()
         pos0, i, x0 = self.pos, 0, x
         pushed_step: int | None = None  # the step hop i's input was pushed with (None: send it)
         rewind = push = False
@@ -217,6 +230,10 @@ class RouteSession:
                     reply = await self._forward(hop, pos0, x, push=push, rewind=rewind)
                 else:
                     reply = await self._pushed_reply(hop, pushed_step, x.shape)
+                    if reply.receipt and reply.receipt != receipt(x):
+                        self._chain_broken(i)  # it computed other rows than the pusher says it sent
+                        pushed_step, rewind = None, True
+                        continue
             except _HopFailed as f:
                 if await self._fail_over(i, f.error, t_start):
                     i, x = 0, x0  # the whole route was rebuilt: run this step from the first hop
@@ -227,6 +244,8 @@ class RouteSession:
             hop.inputs.append(x)
             if isinstance(reply, Token):
                 self.pos += x.shape[0]
+                if self.checks is not None:
+                    self.checks.after_step(x.shape[0], self._check_records)
                 return reply
             x, i = np.asarray(reply.hidden, dtype=np.float32), i + 1
             pushed_step = reply.step if reply.pushed else None
@@ -235,7 +254,10 @@ class RouteSession:
         raise NoRoute("the route has no hops")
 
     async def close(self) -> None:
-        """Close every link this session opened, half-opened ones too, and drop recorded inputs."""
+        """Close every link this session opened, half-opened ones too, and drop recorded inputs;
+        stop the spot checks in flight (or wait for them: `SpotChecks.settle_on_close`)."""
+        if self.checks is not None:
+            await self.checks.close()
         for hop in self._hops:
             hop.inputs.clear()
         self._hops = []
@@ -255,7 +277,12 @@ class RouteSession:
         self._step += 1
         reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy, steps))
         hop.pending_restore = 0
-        return self._checked(hop, reply, x.shape)
+        reply = self._checked(hop, reply, x.shape)
+        if reply.receipt and reply.receipt != receipt(x):
+            raise _HopFailed(
+                hop.span, ProtocolError(f"peer {hop.peer_id[:12]}… answered with the receipt of other rows")
+            )
+        return reply
 
     async def _pushed_reply(self, hop: _Hop, step: int, shape: tuple[int, ...]) -> Hidden | Token:
         """The answer of `hop` to the step the previous hop pushed to it."""
@@ -316,7 +343,7 @@ class RouteSession:
         """Chain the current route for server push (see the module docstring): a `Chain` to every
         hop, not waited for (each acknowledgement is read before that hop's next answer), so that
         chaining costs no round trip. A hop the Chain cannot reach fails over on its next step."""
-        self.chained = self._push_addrs is not None and len(self._hops) > 1
+        self.chained = self._push_addrs is not None and len(self._hops) > 1 and not self._push_broken
         if not self.chained:
             return
         hops = self._hops
@@ -336,6 +363,68 @@ class RouteSession:
             except SwarmError:
                 continue
             hop.acks_due += 1
+
+    # -- spot checks -------------------------------------------------------------------------------
+
+    def _check_records(self) -> list[HopRecord]:
+        """Copies of what a spot check of each checkable hop needs: every non-last hop that computed
+        every step from position 0, whose answers the next hop recorded step for step."""
+        out = []
+        for hop, nxt in zip(self._hops, self._hops[1:]):
+            if hop.base or nxt.base or len(hop.inputs) != len(nxt.inputs) or not hop.inputs:
+                continue
+            if any(a.shape != b.shape for a, b in zip(hop.inputs, nxt.inputs)):
+                continue
+            out.append(HopRecord(hop.span, tuple(hop.inputs), tuple(nxt.inputs), self._offers, self._step))
+        return out
+
+    def _chain_broken(self, i: int) -> None:
+        """Hop i's receipt is not of the rows hop i-1 says it pushed to it: one of the two altered
+        them (in transit, or in its answer). The step is relayed again with `rewind`, and the rest of
+        the generation relays every step; the spot checks record it (`SpotChecks.chain_break`)."""
+        self.chained, self._push_broken = False, True
+        if self.checks is not None:
+            self.checks.chain_break(self._hops[i - 1].span, self._hops[i].span, self.pos)
+
+    async def verify_prefill(self) -> Token | None:
+        """With `CheckPolicy.verify_prefill`: check every checkable hop's prompt rows now, before the
+        first token is given out; a caught hop is dropped and the route rebuilt, and the rebuilt
+        route's token after the prompt is returned (None: nothing was caught, or no checks)."""
+        if self.checks is None or not self.checks.ctx.policy.verify_prefill:
+            return None
+        await self.checks.check_now(self._check_records())
+        self._replayed_token = None
+        await self._apply_checks()
+        return self._replayed_token
+
+    async def _apply_checks(self) -> None:
+        """Drop every hop a spot check caught since the last step, rebuilding the route."""
+        if self.checks is None:
+            return
+        for event in self.checks.take_caught():
+            i = next((k for k, h in enumerate(self._hops) if h.peer_id == event.peer_id), None)
+            if i is not None:
+                await self._drop_caught(i, event)
+
+    async def _drop_caught(self, i: int, caught: CheckEvent) -> None:
+        """Replace hop i, caught computing wrong, by rebuilding the whole route: every later hop's KV
+        cache holds states computed from its wrong outputs, so the route is replayed from the
+        embedded rows (the spot check already excluded the peer)."""
+        hop, t0 = self._hops[i], self._now()
+        if len(self.telemetry.failovers) >= self.policy.max_failovers:
+            raise SwarmError(f"gave up after {self.policy.max_failovers} failovers in one generation")
+        message = (f"spot check: rel L2 {caught.rel_l2:.3g} outside the band {caught.max_rel_l2:.3g} "
+                   f"at position {caught.position}")
+        event = FailoverEvent(hop.peer_id, hop.span.start, hop.span.end, FailureReason.WRONG_OUTPUT.value,
+                              message, self.pos)
+        self.telemetry.failovers.append(event)
+        self._hops = await self._rebuild()
+        self.telemetry.route = [h.telemetry for h in self._hops]
+        await self._chain()
+        event.restored_tokens = min(h.base for h in self._hops)
+        event.replayed_tokens = self.pos - event.restored_tokens
+        event.replacements = [h.peer_id for h in self._hops]
+        event.stall_ms = (self._now() - t0) * 1000.0
 
     # -- failover ----------------------------------------------------------------------------------
 
@@ -482,7 +571,8 @@ class RouteSession:
                 self._exclusions.add(s.peer_id, FailureReason.UNREACHABLE, now, s.incarnation)
         exclude = self._exclusions.active(now, {s.peer_id: s.incarnation for s in spans})
         plan = plan_route(
-            spans, self.spec.n_layers, self.spec.n_tokens, start=start, end=end, exclude=exclude
+            spans, self.spec.n_layers, self.spec.n_tokens, start=start, end=end, exclude=exclude,
+            penalty_ms=self.checks.penalties() if self.checks is not None else None,
         )
         return plan.hops, {s.peer_id: s for s in spans}
 
@@ -530,6 +620,8 @@ class RouteSession:
                 hop.inputs.extend(split_steps(x, steps))
                 if isinstance(reply, Hidden):
                     x = np.asarray(reply.hidden, dtype=np.float32)
+                else:
+                    self._replayed_token = reply
             pos0 += n
 
     async def _drop(self, link: HopLink) -> None:

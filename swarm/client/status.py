@@ -1,4 +1,5 @@
-"""`swarm status`: who serves which layers of a model, whether they chain into a route, how fast.
+"""`swarm status`: who serves which layers of a model, whether they chain into a route, how fast,
+and which peers this machine's clients caught computing wrong (spot checks, swarm/client/checks.py).
 
 A peer's record outlives the peer: one killed with -9 stays announced until its record expires, so
 `swarm status` pings every announced peer and counts only those that answer.
@@ -14,7 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 from swarm.artifacts.distribute import find_manifest
+from swarm.client.checks import read_evidence
 from swarm.client.connection import SwarmConnection
+from swarm.dht.identity import resolve_data_dir
 from swarm.dht.records import Announcement
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model
@@ -40,6 +43,8 @@ class StatusReport:
         no_route: why `best_route` is None (the planner's NoRoute message), else None.
         rtt_ms: peer id -> ping round trip in ms, None for a peer that did not answer; empty when
             nobody was pinged. Peers that did not answer are left out of `chains` and `best_route`.
+        caught: evidence of peers this machine's clients caught computing wrong in spot checks
+            (`swarm.client.checks.read_evidence`: dicts of a `CheckEvent` plus `at`, Unix seconds).
     """
 
     model_id: str
@@ -49,6 +54,7 @@ class StatusReport:
     best_route: RoutePlan | None
     no_route: str | None
     rtt_ms: dict[str, float | None] = field(default_factory=dict)
+    caught: tuple[dict, ...] = ()
 
     @property
     def silent(self) -> list[Announcement]:
@@ -87,6 +93,7 @@ class StatusReport:
                  "rtt_ms": self.rtt_ms.get(p.peer_id)}
                 for p in self.peers
             ],
+            "caught": list(self.caught),
         }
 
     def print_table(self) -> None:
@@ -146,6 +153,12 @@ class StatusReport:
         for p in self.silent:
             lines.append(f"no answer: {p.start}:{p.end} on {p.peer_id[:16]}… is announced but did not answer "
                          "a ping (crashed, frozen or unreachable; its record lapses when it expires)")
+        for c in self.caught:
+            lines.append(
+                f"caught computing wrong (a spot check of this machine's client): {c['start']}:{c['end']} on "
+                f"{c['peer_id'][:16]}… at position {c['position']}: rel L2 {c['rel_l2']:.3g} outside the band "
+                f"{c['max_rel_l2']:.3g}, cosine {c['cosine']:.6f}; offence {c['offences']} of this client"
+            )
         return lines
 
 
@@ -168,7 +181,8 @@ PING_TIMEOUT_S = 3.0
 
 
 def status_report(
-    model_id: str, n_layers: int, announcements, rtt_ms: dict[str, float | None] | None = None
+    model_id: str, n_layers: int, announcements, rtt_ms: dict[str, float | None] | None = None,
+    caught: tuple[dict, ...] = (),
 ) -> StatusReport:
     """Analyse announcements of one model (pure).
 
@@ -176,6 +190,7 @@ def status_report(
         announcements: `Announcement`s read from the DHT.
         rtt_ms: ping results by peer id (None: no answer); peers without an answer are left out of
             the route analysis. None: nobody was pinged, every announcement counts.
+        caught: spot-check evidence of this machine's clients (`StatusReport.caught`).
     """
     rtt_ms = dict(rtt_ms or {})
     peers = tuple(sorted(announcements, key=lambda a: (a.start, a.end, a.peer_id)))
@@ -187,7 +202,7 @@ def status_report(
         best = plan_route(spans, n_layers, need_tokens=1, default_rtt_ms=0.0)
     except NoRoute as e:
         why = str(e)
-    return StatusReport(model_id, n_layers, peers, analyze_chains(spans, n_layers), best, why, rtt_ms)
+    return StatusReport(model_id, n_layers, peers, analyze_chains(spans, n_layers), best, why, rtt_ms, caught)
 
 
 def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
@@ -203,7 +218,8 @@ def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
         rtt_ms = conn.loop.run(_ping_all(conn, peers), timeout_s=PING_TIMEOUT_S * 4)
     finally:
         conn.close()
-    return status_report(manifest.model_id, manifest.n_layers, peers, rtt_ms)
+    caught = read_evidence(resolve_data_dir(None), manifest.model_id)
+    return status_report(manifest.model_id, manifest.n_layers, peers, rtt_ms, caught)
 
 
 async def _ping_all(conn: SwarmConnection, peers) -> dict[str, float | None]:

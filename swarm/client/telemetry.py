@@ -79,6 +79,43 @@ class FailoverEvent:
 
 
 @dataclass
+class CheckEvent:
+    """One spot check of a hop (swarm/client/checks.py): the evidence when it caught a peer.
+
+    Attributes:
+        peer_id: the checked peer (for "caught" from a disagreeing checker: that checker).
+        start, end: global half-open layers checked.
+        position: session position of the worst row (the step the measure comes from).
+        rows: rows compared (every step the hop computed up to the check).
+        rel_l2: the worst row's ||claimed - recomputed|| / ||recomputed||.
+        cosine: the worst row's cosine similarity.
+        max_rel_l2, min_cosine: the band the check applied.
+        checkers: peers that recomputed the steps (a second one when the first disagreed).
+        verdict: "ok", "caught" (outside the band; a second checker, if any, agreed with the first),
+            "checker_lied" (the second checker agreed with the checked peer), or "chain_break" (the
+            receipt of `checkers[0]`, the next hop, is not of the rows `peer_id` said it pushed;
+            rel_l2 inf).
+        offences: the caught peer's offences in this client's standing window, with this one.
+        decode_step: the generation's decode step (0-based) after which the check started; -1: the
+            prompt's check before the first token (`CheckPolicy.verify_prefill`).
+    """
+
+    peer_id: str
+    start: int
+    end: int
+    position: int
+    rows: int
+    rel_l2: float
+    cosine: float
+    max_rel_l2: float
+    min_cosine: float
+    checkers: list[str] = field(default_factory=list)
+    verdict: str = "ok"
+    offences: int = 0
+    decode_step: int = 0
+
+
+@dataclass
 class GenerationTelemetry:
     """The record returned with every generation (local or over the swarm).
 
@@ -94,6 +131,7 @@ class GenerationTelemetry:
         failovers: hops replaced mid-generation, with the stall each caused.
         finish_reason: "stop" (end of sequence or stop string), "length" (max_new_tokens).
         reused_tokens: prompt tokens restored from prefix snapshots on every hop (not computed).
+        checks: spot checks of the route's hops, with the evidence of any peer caught.
     """
 
     backend: str
@@ -108,6 +146,7 @@ class GenerationTelemetry:
     failovers: list[FailoverEvent] = field(default_factory=list)
     finish_reason: str = ""
     reused_tokens: int = 0
+    checks: list[CheckEvent] = field(default_factory=list)
 
     def finalize(self, total_ms: float) -> None:
         """Fill `total_ms` and `decode_tokens_per_s` from the per-token latencies."""
@@ -136,6 +175,12 @@ class GenerationTelemetry:
                 f"after {_generated(f.position, self.prompt_tokens)}: "
                 f"replayed {f.replayed_tokens} tokens, stall {f.stall_ms:.0f} ms"
             )
+        for c in self.checks:
+            if c.verdict != "ok":
+                line += (
+                    f"\n  check [{c.start}:{c.end}) {c.peer_id[:12]}… {c.verdict} at position {c.position}: "
+                    f"rel L2 {c.rel_l2:.3g} (band {c.max_rel_l2:.3g}), cosine {c.cosine:.6f}"
+                )
         for hop in self.route:
             line += (
                 f"\n  [{hop.start:>3}:{hop.end:<3}) {hop.peer_id[:12]}…  compute {hop.compute_ms:.0f} ms"

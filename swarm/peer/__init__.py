@@ -18,4 +18,6 @@ Files:
     metrics.py   `--metrics-port`: Prometheus metrics of the span (sessions, frames, reply latency)
     rebalance.py a peer's periodic re-evaluation of its span: drain, then move, when placement says so
     snapshots.py prefix KV snapshots: keep, restore, announce, serve to and fetch from other peers
+    testlie.py   TEST ONLY (`SWARM_TEST_LIE`): a peer that lies about its hidden states, or serves a
+                 lower quantization, so spot checks can be tested on real peers
 """

@@ -40,6 +40,7 @@ from swarm.peer.config import ServeConfig
 from swarm.peer.rebalance import Rebalancer
 from swarm.peer.rules import Throughput
 from swarm.peer.snapshots import PrefixService
+from swarm.peer.testlie import requantize
 from swarm.peer.span import Span
 from swarm.route.placement import choose_span
 from swarm.route.plan import PeerSpan
@@ -49,8 +50,12 @@ from swarm.span_rules import has_split_rules, span_refusal
 logger = logging.getLogger(__name__)
 
 
-async def open_span(cfg: ServeConfig, dht: SwarmDHT, artifacts: ArtifactSession, local_path: Path | None):
+async def open_span(cfg: ServeConfig, dht: SwarmDHT, artifacts: ArtifactSession, local_path: Path | None,
+                    lazy: str = ""):
     """The span this peer serves, ready: its model file, manifest and seeder publication too.
+
+    `lazy`: TEST ONLY (`SWARM_TEST_LIE=lazy:TYPE`, swarm/peer/testlie.py): run the span from the
+    weights requantized to this llama.cpp type while announcing the model as it is.
 
     Returns:
         (span, path, manifest, publication): the measured `Span`, the model file it was loaded
@@ -59,7 +64,7 @@ async def open_span(cfg: ServeConfig, dht: SwarmDHT, artifacts: ArtifactSession,
         SwarmError: the model, the span or the executor could not be had.
     """
     path, manifest, (start, end), publication = await _obtain_model(cfg, dht, artifacts, local_path)
-    executor = await load(cfg, path, manifest, start, end)
+    executor = await load(cfg, path, manifest, start, end, lazy)
     sessions = SessionTable(cfg.max_sessions, executor.n_ctx_tokens, idle_timeout_s=600.0,
                             session_cap_tokens=executor.n_ctx_seq_tokens)
     prefixes = _prefix_service(cfg, dht, manifest, start, end) if cfg.prefix_cache_bytes > 0 else None
@@ -190,9 +195,15 @@ def _allowed(manifest: Manifest):
     return lambda s, e: span_refusal(row, manifest.hparams, s, e, manifest.n_layers) is None
 
 
-async def load(cfg: ServeConfig, path: Path, manifest: Manifest, start: int, end: int) -> SpanExecutor:
-    """The executor of layers [start, end) of the model file at `path` (loaded on a worker thread)."""
+async def load(cfg: ServeConfig, path: Path, manifest: Manifest, start: int, end: int,
+               lazy: str = "") -> SpanExecutor:
+    """The executor of layers [start, end) of the model file at `path` (loaded on a worker thread);
+    `lazy` (test only): of that file requantized to this type instead."""
     logger.info("loading layers [%d, %d) of %s", start, end, manifest.model_id[:16])
+    model_id = manifest.model_id
+    if lazy:
+        path = await asyncio.to_thread(requantize, path, lazy, resolve_data_dir(cfg.data_dir) / "lazy")
+        model_id = None  # span files cached under the requantized file's own identity
     return await asyncio.to_thread(
         SpanExecutor.for_span,
         path,
@@ -201,7 +212,7 @@ async def load(cfg: ServeConfig, path: Path, manifest: Manifest, start: int, end
         n_ctx_tokens=cfg.cache_tokens,
         n_seq_max=cfg.max_sessions,
         n_threads=cfg.n_threads,
-        model_id=manifest.model_id,
+        model_id=model_id,
         n_batch=PREFIX_BLOCK_TOKENS,  # prefill ubatches on the block grid: restores are exact (kv/prefix.py)
     )
 

@@ -2,7 +2,8 @@
 
 A stream carries one session from `Open` to `Close`: the handler admits it into the span
 (swarm/peer/span.py), then answers each `Forward` with `Hidden` (or `Token` on the last span, which
-samples), applies `Truncate` and `Chain`, and releases the session when the stream ends for any
+samples), each with the receipt of the rows it computed (`swarm.wire.receipt`), applies `Truncate`
+and `Chain`, and releases the session when the stream ends for any
 reason. A bad frame or bad request gets an `Error` frame; request errors keep the session open,
 protocol errors end this stream only. Other sessions never notice. Which Open is refused, and in
 what order, is `swarm.peer.rules.open_refusal`.
@@ -36,6 +37,7 @@ from swarm.peer import rules
 from swarm.peer.push import OPEN_TIMEOUT_S, Dial, PushState, send_error, serve_push
 from swarm.peer.scheduler import StepOutput
 from swarm.peer.span import Span
+from swarm.peer.testlie import Liar
 from swarm.sampling import SamplingParams, sample
 from swarm.wire import (
     Chain,
@@ -50,6 +52,7 @@ from swarm.wire import (
     Truncate,
     decode_frame,
     encode_frame,
+    receipt,
 )
 
 @dataclass
@@ -63,6 +66,8 @@ class PeerStreams:
         after_push: test hook called after each push, before the client's copy is sent.
         open: live stream handlers' streams, so shutdown can tell their clients.
         live: open sessions by session id (push streams find theirs here).
+        liar: TEST ONLY (`SWARM_TEST_LIE`, swarm/peer/testlie.py): corrupts the hidden states
+            answered and pushed; None on every normal peer.
     """
 
     span: Span
@@ -71,6 +76,7 @@ class PeerStreams:
     after_push: Callable[[], None] | None = None
     open: set = field(default_factory=set)
     live: dict[bytes, _Session] = field(default_factory=dict)
+    liar: Liar | None = None
 
 
 @dataclass
@@ -140,8 +146,9 @@ async def _answer(streams: PeerStreams, session: _Session, frame) -> None:
     except (RequestError, ExecutorError) as e:
         reply = Error(ErrorCode.BAD_REQUEST, str(e))
     if isinstance(reply, Hidden) and isinstance(frame, Forward) and frame.push:
+        sent = reply.hidden if streams.liar is None else streams.liar.in_transit(reply.hidden)
         reply = Hidden(reply.step, reply.hidden, reply.compute_ms,
-                       pushed=await session.push.send(frame, reply.hidden, streams.after_push))
+                       pushed=await session.push.send(frame, sent, streams.after_push), receipt=reply.receipt)
     try:
         await session.client.send(encode_frame(reply))
     except SwarmError:
@@ -195,7 +202,7 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
         all_logits = frame.want_logits and frame.all_logits
         restore = (frame.restore, prefixes.restorable.get(frame.restore)) if frame.restore else None
         reply = await span.forward(slot, frame.pos0, frame.hidden, all_logits=all_logits, steps=frame.steps,
-                                   finish=lambda out: _reply(span, frame, out, session.sampling),
+                                   finish=lambda out: _reply(span, frame, out, session.sampling, streams.liar),
                                    restore=restore)
         if span.prefixes is not None and rules.keeps_prefix(prefixes.offers, prefixes.kept, slot.pos):
             prefixes.kept = True  # the whole offered prompt is in the cache: keep it once
@@ -210,14 +217,17 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
     raise RequestError(f"unexpected {type(frame).__name__} frame in an open session")
 
 
-def _reply(span: Span, frame: Forward, r: StepOutput, sampling: SamplingParams) -> Hidden | Token:
-    """The answer to a computed Forward: its hidden states, or on the last span the sampled token.
+def _reply(span: Span, frame: Forward, r: StepOutput, sampling: SamplingParams,
+           liar: Liar | None = None) -> Hidden | Token:
+    """The answer to a computed Forward: its hidden states, or on the last span the sampled token
+    (a test liar's corrupted hidden states instead, swarm/peer/testlie.py).
 
     Raises:
         RequestError: the logits cannot be sampled (`swarm.sampling.sample`).
     """
     if not span.is_last:
-        return Hidden(step=frame.step, hidden=r.out, compute_ms=r.compute_ms)
+        out = r.out if liar is None else liar.corrupt(r.out, frame.pos0, frame.steps)
+        return Hidden(step=frame.step, hidden=out, compute_ms=r.compute_ms, receipt=receipt(frame.hidden))
     t0 = time.perf_counter()
     s = sample(r.out[-1], sampling, position=frame.pos0 + frame.n_tokens)
     return Token(
@@ -227,4 +237,5 @@ def _reply(span: Span, frame: Forward, r: StepOutput, sampling: SamplingParams) 
         top=s.top,
         compute_ms=r.compute_ms + (time.perf_counter() - t0) * 1000.0,
         logits=r.out if frame.want_logits else None,
+        receipt=receipt(frame.hidden),
     )

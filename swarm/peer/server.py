@@ -39,6 +39,7 @@ from swarm.peer.metrics import PeerMetrics
 from swarm.peer.rules import SHUTTING_DOWN_MESSAGE
 from swarm.peer.span import Span
 from swarm.p2p import echo_until_closed
+from swarm.peer import testlie
 from swarm.proctree import descendants
 from swarm.relay import dial as relay_dial
 from swarm.relay.handshake import RelayIdentity
@@ -100,9 +101,13 @@ async def serve(
         artifacts.advertise(bt_hosts(net, dht.visible_maddrs()))
         for maddr in dht.visible_maddrs():
             print(maddr, flush=True)
-        span, path, manifest, publication = await open_span(cfg, dht, artifacts, local_path)
+        liar = testlie.from_env()
+        span, path, manifest, publication = await open_span(cfg, dht, artifacts, local_path,
+                                                            lazy=liar.lazy if liar else "")
+        if liar is not None:
+            span.throughput = liar.boast(span.throughput)
         identity = RelayIdentity(dht.identity.private_key)
-        streams = PeerStreams(span, dial=partial(_dial_push, dht.transport, identity))
+        streams = PeerStreams(span, dial=partial(_dial_push, dht.transport, identity), liar=liar)
         if cfg.debug_die_after_pushes:
             streams.after_push = partial(_die_after, [cfg.debug_die_after_pushes])
         span_handler = partial(handle_stream, streams)

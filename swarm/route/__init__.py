@@ -14,6 +14,8 @@ Files:
     ladder.py: pure — the open/retry ladder of a route session: when a plan reads the DHT anew and
         whether a NoRoute is retried or ends it.
     restore.py: pure — the prefix length newly opened hops start from, and what a rebuilt route replays.
+    verify.py: pure — spot checks of remote computation: the measure and band, when to check which
+        hop, and a caught peer's standing (route pricing).
 
 Nothing here awaits, reads a clock, or imports swarm.dht; client/ and peer/ gather the snapshot and act.
 """

@@ -10,7 +10,9 @@ and every branch is unit-tested without peers.
 - `backoff_s`: the first retry is immediate; later ones wait exponentially longer, with jitter so
   that the clients of a peer that just died do not stampede its replacement together.
 - `Exclusions`: peers that just failed are avoided for `exclusion_s` (about a minute), or until
-  they come back as a new incarnation (a restarted peer announces a new `started_at`).
+  they come back as a new incarnation (a restarted peer announces a new `started_at`); a peer a
+  spot check caught computing wrong (`WRONG_OUTPUT`) for as long as the check policy says, restart
+  or not.
 - `FailureReason`, `failure_reason`: why a hop failed, one code per kind of `SwarmError`, for
   exclusions and telemetry.
 
@@ -97,6 +99,8 @@ class FailureReason(StrEnum):
     BUSY = "busy"
     MALFORMED = "malformed"
     ERROR = "error"
+    WRONG_OUTPUT = "wrong_output"
+    """A spot check found the peer's hidden states outside the band (swarm/route/verify.py)."""
 
     @property
     def liveness(self) -> bool:
@@ -146,9 +150,16 @@ class Exclusions:
         self.exclusion_s = exclusion_s
         self._by_peer: dict[str, Exclusion] = {}
 
-    def add(self, peer_id: str, reason: FailureReason, now_s: float, incarnation: float) -> None:
-        """Avoid `peer_id` from `now_s` for `exclusion_s` seconds (a later failure extends it)."""
-        self._by_peer[peer_id] = Exclusion(FailureReason(reason), now_s + self.exclusion_s, incarnation)
+    def add(self, peer_id: str, reason: FailureReason, now_s: float, incarnation: float,
+            for_s: float | None = None) -> None:
+        """Avoid `peer_id` from `now_s` for `for_s` seconds (None: `exclusion_s`); a later failure
+        replaces it, except that an exclusion for `WRONG_OUTPUT` is only ever extended. A peer
+        excluded for `WRONG_OUTPUT` stays excluded when it restarts."""
+        until = now_s + (self.exclusion_s if for_s is None else for_s)
+        old = self._by_peer.get(peer_id)
+        if old is not None and old.reason is FailureReason.WRONG_OUTPUT and old.until_s >= until:
+            return
+        self._by_peer[peer_id] = Exclusion(FailureReason(reason), until, incarnation)
 
     def forgive(self, peer_ids: Iterable[str]) -> None:
         """Stop avoiding these peers (they answered a probe)."""
@@ -165,7 +176,7 @@ class Exclusions:
         incarnations = incarnations or {}
         for peer_id, ex in list(self._by_peer.items()):
             restarted = peer_id in incarnations and incarnations[peer_id] != ex.incarnation
-            if now_s >= ex.until_s or restarted:
+            if now_s >= ex.until_s or (restarted and ex.reason is not FailureReason.WRONG_OUTPUT):
                 del self._by_peer[peer_id]
         return frozenset(self._by_peer)
 

@@ -10,7 +10,8 @@ next hop starts at 10. Peers that want to be chained therefore align their spans
 Cost of a hop, in ms per decode step: network_ms (the client's round trip to the peer: its measured
 rtt, or `default_rtt_ms` when unknown) + compute_ms (1000 / decode_steps_per_s, the peer's announced
 speed for one token through its span, plus prefill_tokens × 1000 / prefill_tokens_per_s when the
-caller weighs a prefill). The route minimizes the sum; ties go to fewer hops, then to the
+caller weighs a prefill), plus a penalty for a peer spot checks caught computing wrong
+(swarm/route/verify.py). The route minimizes the sum; ties go to fewer hops, then to the
 lexicographically smallest sequence of peer ids (deterministic). The search is a shortest path over
 layer boundaries 0..n_layers; spans only go forward, so the graph is a DAG and one pass in boundary
 order is Dijkstra's result in O(peers + n_layers).
@@ -24,7 +25,7 @@ This module does not: read the DHT, measure RTTs, open streams, or read a clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from swarm.errors import NoRoute, RequestError, SessionTooLong
@@ -134,6 +135,7 @@ def plan_route(
     exclude: frozenset[str] = frozenset(),
     default_rtt_ms: float = DEFAULT_RTT_MS,
     prefill_tokens: int = 0,
+    penalty_ms: Mapping[str, float] | None = None,
 ) -> RoutePlan:
     """Pick whole spans chaining layer `start` to `end` with the least expected time per step.
 
@@ -146,6 +148,9 @@ def plan_route(
         exclude: peer ids not to use (e.g. peers that just failed).
         default_rtt_ms: network cost of a peer with unknown RTT.
         prefill_tokens: prompt tokens to weigh into compute cost (0: decode step only).
+        penalty_ms: peer id → extra cost in ms per step (offences found by spot checks,
+            swarm/route/verify.py `Standing.penalties`); a penalised peer is used only when no
+            cheaper chain exists.
     Returns:
         RoutePlan: hops in layer order; total_ms their summed cost; skipped peers with reasons.
     Raises:
@@ -156,6 +161,7 @@ def plan_route(
             session fewer than need_tokens KV tokens.
     """
     end = n_layers if end is None else end
+    penalties = penalty_ms or {}
     if not 0 <= start < end <= n_layers:
         raise RequestError(f"layer range [{start}, {end}) is not inside a {n_layers}-layer model")
     if need_tokens < 0 or prefill_tokens < 0 or not 0 <= default_rtt_ms < math.inf:
@@ -192,6 +198,7 @@ def plan_route(
             known = p.rtt_ms is not None and 0 <= p.rtt_ms < math.inf
             network = float(p.rtt_ms) if known else float(default_rtt_ms)
             compute = 1000.0 / p.decode_steps_per_s + 1000.0 * prefill_tokens / p.prefill_tokens_per_s
+            compute += penalties.get(p.peer_id, 0.0)
             reason = "only_candidate" if len(candidates) == 1 else "lowest_cost"
             reason += "" if known else "+default_rtt"
             key = (cost + network + compute, n_hops + 1, ids + (p.peer_id,))

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from swarm.route.failover import Exclusions, FailoverPolicy, backoff_s, step_timeout_s
+from swarm.route.failover import Exclusions, FailoverPolicy, FailureReason, backoff_s, step_timeout_s
 from swarm.route.plan import PeerSpan
 from tests.helpers.factories import peer_span
 
@@ -74,3 +74,13 @@ def test_forgive_ends_exclusions():
     ex.add("q", "timeout", 0.0, 1.0)
     ex.forgive(["p", "unknown"])
     assert ex.active(1.0) == {"q"}
+
+
+def test_a_peer_caught_computing_wrong_stays_excluded_across_restarts_and_other_failures():
+    ex = Exclusions(60.0)
+    ex.add("liar", FailureReason.WRONG_OUTPUT, 0.0, incarnation=1.0, for_s=3600.0)
+    ex.add("liar", FailureReason.UNREACHABLE, 10.0, incarnation=1.0)  # a shorter exclusion does not replace it
+    assert ex.active(1000.0, {"liar": 2.0}) == {"liar"}  # restarted: still excluded
+    assert ex.reason("liar") is FailureReason.WRONG_OUTPUT
+    assert ex.liveness_suspects(1000.0) == set()  # a probe does not forgive it
+    assert ex.active(3600.0) == frozenset()

@@ -20,6 +20,7 @@ from swarm.wire import (
     MAX_CHAIN_ADDRS,
     MAX_FORWARD_STEPS,
     PROTOCOL_GENERATION,
+    RECEIPT_BYTES,
     Attach,
     Chain,
     Close,
@@ -34,6 +35,7 @@ from swarm.wire import (
     Truncate,
     decode_frame,
     encode_frame,
+    receipt,
 )
 
 RNG = np.random.default_rng(7)
@@ -115,13 +117,26 @@ def test_generation_mismatch_is_refused_before_the_header():
         decode_frame(bytes(body))
 
 
-def test_a_generation_4_peer_is_refused():
-    # generation 5 dropped Forward.sample: a generation-4 Forward (which still carries it) is refused
-    # by its first byte, as the peer's handler refuses any mismatch at the handshake
+def test_a_generation_5_peer_is_refused():
+    # generation 6 added receipts to Hidden and Token: a generation-5 frame is refused by its first
+    # byte, as the peer's handler refuses any mismatch at the handshake
     assert PROTOCOL_GENERATION == 6
-    body = _raw(_fwd_header(sample=True), bytes(16), generation=4)
-    with pytest.raises(ProtocolError, match="peer speaks protocol generation 4, this one speaks 6"):
+    body = _raw(_fwd_header(), bytes(16), generation=5)
+    with pytest.raises(ProtocolError, match="peer speaks protocol generation 5, this one speaks 6"):
         decode_frame(body)
+
+
+def test_a_receipt_is_the_digest_of_the_rows_as_float32():
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    assert len(receipt(x)) == RECEIPT_BYTES
+    assert receipt(x) == receipt(x.astype(np.float16)) == receipt(x.copy())
+    y = x.copy()
+    y[1, 3] = np.nextafter(y[1, 3], np.float32(100))
+    assert receipt(y) != receipt(x)
+    frame = decode_frame(encode_frame(Hidden(step=1, hidden=x, compute_ms=0.1, receipt=receipt(x))))
+    assert frame.receipt == receipt(x)
+    with pytest.raises(ProtocolError):
+        Hidden(step=1, hidden=x, compute_ms=0.1, receipt=b"short")
 
 
 def _raw(header, payload=b"", generation=PROTOCOL_GENERATION):

@@ -1,0 +1,392 @@
+"""Spot checks of a route's hops: replaying a hop's recorded steps on another peer and comparing.
+
+A `SpotChecks` rides along one `RouteSession` (its `checks` hook). After each decode step the
+schedule (swarm/route/verify.py) may start a check of one hop, as a task beside the generation
+(which goes on meanwhile): the hop's recorded input rows, up to the step just computed, are sent
+(`CheckPolicy.regroup`, the default) as one prefill (frames of the replay chunk, computed in the
+peers' 64-row ubatches) into a fresh session on the cheapest other peer (or chain of peers)
+serving the same layers, and every row's output is compared with what the checked peer returned
+(its next hop's recorded inputs) within the band. A prefill of k decode rows costs far less than
+k one-row steps (VeriLLM's observation); the price is that the rows are grouped otherwise than the
+checked peer computed them, which rounds differently (measured: rel L2 up to 0.0185 on SmolLM2,
+0.0156 on Qwen2.5 0.5B; scripts/bench_verify.py; the band covers it). Without
+`regroup` the recorded steps are replayed as a failover replays them (`Forward.steps`), each its
+own step, and an honest checker reproduces the answers bit for bit.
+
+To the peer that runs it, a check is an ordinary session: the same Open (the generation's
+reservation, sampling and prefix offers) and the Forward frames of a prompt prefill, with step
+numbers that continue the generation's own. What it can still infer: that the "prompt" repeats rows
+it may have seen in another session (a prompt and the tokens generated after it), and that the
+session ends after its prefill without decoding. Disagreement is settled by a second checker when
+another peer serves the span: the side two peers agree on is right (a lying checker is caught
+instead). Without a second checker the checked peer is caught: it computed what a peer chosen
+by this client could not reproduce.
+
+At most one check of a generation is in flight: a check that falls due while one runs is skipped,
+so checks never take more than one session slot per generation on the checkers.
+
+A caught peer is excluded by this client for `CheckPolicy.caught_exclusion_s`, recorded in the
+client's `Standing` (route pricing), in the generation's telemetry (`checks`) and in the evidence
+file `swarm status` reads (`EVIDENCE_FILE` under the client's data directory); the route session
+then drops it and rebuilds the route (`RouteSession` applies `take_caught` before its next step).
+
+What is not checked: the last hop (it answers a token, not hidden states), hops that restored a
+prompt prefix from a snapshot (the checker would need the same restore), and hops whose span no
+other peer serves.
+
+This module does not: decide when to check or how to compare (swarm/route/verify.py), or change
+the route (swarm/client/session.py does, between steps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from swarm.client.link import HopLink, HopTransport, PeerDirectory, error_of
+from swarm.client.telemetry import CheckEvent, GenerationTelemetry
+from swarm.errors import ProtocolError, SwarmError
+from swarm.route.failover import Exclusions, FailoverPolicy, FailureReason, failure_reason, step_timeout_s
+from swarm.route.plan import PeerSpan, plan_route
+from swarm.route.replay import replay_frames
+from swarm.route.verify import Band, CheckPolicy, CheckSchedule, Measure, Standing, compare
+from swarm.wire import MAX_FORWARD_STEPS, Error, Forward, Hidden, Open, OpenOk
+
+logger = logging.getLogger(__name__)
+
+EVIDENCE_FILE = "caught_peers.jsonl"
+"""One JSON line per caught peer (a `CheckEvent`), under the client's data directory."""
+
+
+class _CheckerFailed(Exception):
+    """Internal: checker `span` failed with `error`."""
+
+    def __init__(self, span: PeerSpan, error: SwarmError):
+        super().__init__(str(error))
+        self.span, self.error = span, error
+
+
+@dataclass(frozen=True)
+class HopRecord:
+    """What a check of one hop needs, copied when the check starts (the route moves on).
+
+    Attributes:
+        span: the checked peer's announced span.
+        inputs: the hop's recorded input steps, `[rows_i, hidden]` float32 each, from position 0.
+        outputs: what the hop answered for each of those steps, same shapes.
+        offers: the generation's prefix offers (the checker's Open carries them too).
+        step_number: the generation's next Forward step number (the check's frames continue it).
+    """
+
+    span: PeerSpan
+    inputs: tuple[np.ndarray, ...]
+    outputs: tuple[np.ndarray, ...]
+    offers: tuple[tuple[int, bytes], ...]
+    step_number: int
+
+
+@dataclass
+class CheckContext:
+    """The parts a client's checks share: its peers' standing, its exclusions, where evidence goes.
+
+    Attributes:
+        policy: when to check and what a caught peer costs.
+        band: the tolerance for this model and quantization type.
+        standing: offences per peer (route pricing).
+        evidence_dir: directory of `EVIDENCE_FILE`; None: evidence is not written.
+    """
+
+    policy: CheckPolicy
+    band: Band
+    standing: Standing
+    evidence_dir: Path | None = None
+
+
+class SpotChecks:
+    """The spot checks of one generation's route (see the module docstring).
+
+    Args:
+        ctx: shared policy, band, standing and evidence directory.
+        spec: the generation's `SessionSpec` (model, owner, reservation, sampling).
+        directory, transport, exclusions, failover: the route session's own.
+        telemetry: the generation's telemetry (`checks` is appended to).
+        now: monotonic clock, seconds.
+        rng: session ids of check sessions.
+    """
+
+    def __init__(self, ctx: CheckContext, spec, directory: PeerDirectory, transport: HopTransport,
+                 exclusions: Exclusions, failover: FailoverPolicy, telemetry: GenerationTelemetry, *,
+                 now: Callable[[], float], rng: random.Random):
+        self.ctx, self.spec = ctx, spec
+        self._directory, self._transport, self._exclusions = directory, transport, exclusions
+        self._failover, self.telemetry, self._now, self._rng = failover, telemetry, now, rng
+        seed_rng = random.Random(ctx.policy.seed) if ctx.policy.seed is not None else random.SystemRandom()
+        self._schedule = CheckSchedule(ctx.policy, seed_rng)
+        self._decode_step = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._caught: list[CheckEvent] = []
+        self._convicted: set[str] = set()  # caught in this session: one offence each, no more checks
+        self.settle_on_close = False
+        """`close` waits for the checks in flight instead of stopping them (tests, benchmarks)."""
+
+    def penalties(self) -> dict[str, float]:
+        """Extra route cost per peer from its offences (`Standing.penalties`), ms per step."""
+        return self.ctx.standing.penalties(self._now())
+
+    def after_step(self, rows: int, records: Callable[[], list[HopRecord]]) -> None:
+        """Called after each step of the route; a decode step (one row) may start a check.
+
+        Args:
+            rows: rows of the step just computed.
+            records: the checkable hops' records now (called only when a check starts).
+        """
+        if rows != 1:
+            return
+        step, self._decode_step = self._decode_step, self._decode_step + 1
+        if not self._schedule.due(step) or self._tasks:
+            return  # one check in flight per generation: checks never pile up on the checkers
+        candidates = [r for r in records() if r.span.peer_id not in self._convicted]
+        if not candidates:
+            return
+        first = self._schedule.pick(range(len(candidates)))
+        order = candidates[first:] + candidates[:first]
+        task = asyncio.ensure_future(self._check_first(order, step))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def chain_break(self, pusher: PeerSpan, receiver: PeerSpan, position: int) -> None:
+        """Record a receipt that broke the push chain at `position`: `receiver` computed other rows
+        than `pusher` answered it had pushed. Which of the two lied cannot be told (each answers on
+        its own stream), so both get an offence (route pricing) and neither is excluded."""
+        now = self._now()
+        event = CheckEvent(peer_id=pusher.peer_id, start=pusher.start, end=pusher.end, position=position,
+                           rows=1, rel_l2=math.inf, cosine=-1.0, max_rel_l2=self.ctx.band.max_rel_l2,
+                           min_cosine=self.ctx.band.min_cosine, checkers=[receiver.peer_id],
+                           verdict="chain_break", decode_step=self._decode_step)
+        event.offences = self.ctx.standing.record(pusher.peer_id, now)
+        self.ctx.standing.record(receiver.peer_id, now)
+        self.telemetry.checks.append(event)
+        logger.warning("push chain broken at position %d between %s… and %s…: relaying from now on",
+                       position, pusher.peer_id[:12], receiver.peer_id[:12])
+
+    async def check_now(self, records: list[HopRecord]) -> None:
+        """Check every hop of `records` now and wait for the verdicts (`CheckPolicy.verify_prefill`:
+        the prompt's rows, before the first token); those caught are then in `take_caught`."""
+        await asyncio.gather(*(self._check(r, -1) for r in records if r.span.peer_id not in self._convicted))
+
+    def take_caught(self) -> list[CheckEvent]:
+        """Checks that caught a peer since the last call (the route drops those peers)."""
+        caught, self._caught = self._caught, []
+        return caught
+
+    async def wait(self) -> None:
+        """Wait for the checks in flight (tests and benchmarks read their verdicts after)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop the checks in flight (the generation is over), or wait for them (`settle_on_close`)."""
+        if self.settle_on_close:
+            return await self.wait()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # -- one check -------------------------------------------------------------------------------
+
+    async def _check_first(self, order: list[HopRecord], decode_step: int) -> None:
+        """Check the first hop of `order` that another peer can replay."""
+        for record in order:
+            event = await self._check(record, decode_step)
+            if event is not None:
+                return
+
+    async def _check(self, record: HopRecord, decode_step: int) -> CheckEvent | None:
+        """Replay `record` on a checker (a second one on disagreement); None: nobody could."""
+        span = record.span
+        claimed = np.concatenate(record.outputs)
+        first = await self._recompute(record, frozenset({span.peer_id}))
+        if first is None:
+            return None
+        checkers, ref = first
+        m = compare(claimed, ref)
+        event = self._event(record, m, checkers, "ok")
+        event.decode_step = decode_step
+        if not m.within(self.ctx.band):
+            second = await self._recompute(record, frozenset({span.peer_id, *checkers}))
+            if second is not None and compare(second[1], ref).within(self.ctx.band):
+                event.checkers += second[0]
+                event.verdict = "caught"
+            elif second is not None and compare(claimed, second[1]).within(self.ctx.band):
+                event.checkers += second[0]
+                event.verdict = "checker_lied"
+            else:
+                event.verdict = "caught"
+        self.telemetry.checks.append(event)
+        if event.verdict == "caught":
+            self._punish(event, span.peer_id, span.incarnation)
+        elif event.verdict == "checker_lied" and len(checkers) == 1:
+            liar = self._event(record, compare(ref, claimed), [span.peer_id], "caught", checkers[0])
+            liar.decode_step = decode_step
+            self.telemetry.checks.append(liar)
+            self._punish(liar, checkers[0], 0.0)
+        return event
+
+    def _event(self, record: HopRecord, m: Measure, checkers: list[str], verdict: str,
+               peer_id: str | None = None) -> CheckEvent:
+        span = record.span
+        return CheckEvent(
+            peer_id=peer_id or span.peer_id, start=span.start, end=span.end, position=m.row,
+            rows=sum(b.shape[0] for b in record.inputs), rel_l2=m.rel_l2, cosine=m.cosine,
+            max_rel_l2=self.ctx.band.max_rel_l2, min_cosine=self.ctx.band.min_cosine,
+            checkers=list(checkers), verdict=verdict,
+        )
+
+    def _punish(self, event: CheckEvent, peer_id: str, incarnation: float) -> None:
+        if peer_id in self._convicted:
+            return  # another check in flight caught it first
+        self._convicted.add(peer_id)
+        now = self._now()
+        event.offences = self.ctx.standing.record(peer_id, now)
+        self._exclusions.add(peer_id, FailureReason.WRONG_OUTPUT, now, incarnation,
+                             for_s=self.ctx.policy.caught_exclusion_s)
+        self._caught.append(event)  # the route drops it if it is one of its hops
+        logger.warning("spot check caught peer %s… on layers %d:%d: rel L2 %.3g (band %.3g), cosine %.6f at "
+                       "position %d", peer_id[:12], event.start, event.end, event.rel_l2, event.max_rel_l2,
+                       event.cosine, event.position)
+        if self.ctx.evidence_dir is not None:
+            try:
+                self.ctx.evidence_dir.mkdir(parents=True, exist_ok=True)
+                with open(self.ctx.evidence_dir / EVIDENCE_FILE, "a") as f:
+                    line = {"model_id": self.spec.model_id, "at": time.time(), **asdict(event)}
+                    f.write(json.dumps(line) + "\n")
+            except OSError as e:
+                logger.warning("cannot record the evidence: %s", e)
+
+    async def _recompute(
+        self, record: HopRecord, exclude: frozenset[str]
+    ) -> tuple[list[str], np.ndarray] | None:
+        """The outputs of `record`'s steps recomputed by the cheapest chain of other peers serving
+        its layers, and those peers; None when no such chain exists or every attempt failed (no
+        verdict). A checker that fails (gone, busy, garbled) is excluded, as a failed hop is, and
+        the next cheapest is tried, up to `FailoverPolicy.max_open_attempts` plans."""
+        span = record.span
+        for _ in range(self._failover.max_open_attempts):
+            now = self._now()
+            try:
+                spans = await self._directory.peers(self._exclusions.active(now), False)
+                plan = plan_route(spans, self.spec.n_layers, self.spec.n_tokens, start=span.start,
+                                  end=span.end, exclude=self._exclusions.active(now) | exclude,
+                                  penalty_ms=self.ctx.standing.penalties(now))
+            except SwarmError:  # NoRoute among them
+                return None
+            by_id = {s.peer_id: s for s in spans}
+            try:
+                chain = [by_id[h.peer_id] for h in plan.hops]
+                return [s.peer_id for s in chain], await self._run(record, chain)
+            except _CheckerFailed as f:
+                logger.info("spot check of layers %d:%d: checker %s… failed: %s", span.start, span.end,
+                            f.span.peer_id[:12], f.error)
+                self._exclusions.add(f.span.peer_id, failure_reason(f.error), self._now(), f.span.incarnation)
+        return None
+
+    async def _run(self, record: HopRecord, chain: list[PeerSpan]) -> np.ndarray:
+        """Send `record`'s rows through `chain` (fresh sessions, closed after); the last one's outputs.
+
+        Raises:
+            _CheckerFailed: a peer of the chain failed.
+        """
+        links: list[HopLink] = []
+        step = record.step_number
+        current = chain[0]
+        try:
+            for current in chain:
+                links.append(await self._open(current, record.offers))
+            blocks = list(record.inputs)
+            for link, current in zip(links, chain):
+                outs, pos0 = [], 0
+                for x, steps in self._frames(blocks):
+                    frame = Forward(step=step, pos0=pos0, hidden=x, steps=steps)
+                    step, pos0 = step + 1, pos0 + frame.n_tokens
+                    timeout_s = step_timeout_s(current, frame.n_tokens, self._failover, steps)
+                    outs.append(await self._exchange(link, frame, timeout_s))
+                blocks = np.split(np.concatenate(outs), np.cumsum([b.shape[0] for b in blocks])[:-1])
+            return np.concatenate(blocks)
+        except SwarmError as e:
+            raise _CheckerFailed(current, e) from e
+        finally:
+            await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
+
+    def _frames(self, blocks: list[np.ndarray]):
+        """The check's frames: (rows, Forward.steps). One prefill in frames of the replay chunk
+        (`CheckPolicy.regroup`), or the recorded steps as a failover replays them."""
+        chunk = self._failover.replay_chunk_tokens
+        if self.ctx.policy.regroup:
+            x = np.concatenate(blocks)
+            return [(x[i : i + chunk], ()) for i in range(0, x.shape[0], chunk)]
+        return replay_frames(blocks, max([chunk, *(b.shape[0] for b in blocks)]), MAX_FORWARD_STEPS)
+
+    async def _open(self, span: PeerSpan, offers) -> HopLink:
+        link = await self._transport.connect(span.peer_id, self._failover.open_timeout_s)
+        spec = self.spec
+        frame = Open(session_id=self._rng.randbytes(16), client_id=spec.client_id, model_id=spec.model_id,
+                     start=span.start, end=span.end, max_tokens=spec.n_tokens, sampling=spec.sampling,
+                     prefixes=offers)
+        try:
+            reply = await self._ask(link, frame, self._failover.open_timeout_s)
+        except BaseException:
+            await link.close()
+            raise
+        if not isinstance(reply, OpenOk):
+            await link.close()
+            raise ProtocolError(f"peer {span.peer_id[:12]}… answered open with {type(reply).__name__}")
+        return link
+
+    async def _exchange(self, link: HopLink, frame: Forward, timeout_s: float) -> np.ndarray:
+        reply = await self._ask(link, frame, timeout_s)
+        if not isinstance(reply, Hidden) or reply.hidden.shape != frame.hidden.shape:
+            raise ProtocolError(
+                f"peer {link.peer_id[:12]}… answered a check step with {type(reply).__name__}"
+            )
+        return np.asarray(reply.hidden, dtype=np.float32)
+
+    async def _ask(self, link: HopLink, frame, timeout_s: float):
+        await link.send(frame, timeout_s)
+        reply, _ = await link.recv(timeout_s)
+        if isinstance(reply, Error):
+            raise error_of(link.peer_id, reply)
+        return reply
+
+
+MAX_EVIDENCE_SHOWN = 20
+"""`read_evidence` returns at most this many of the latest lines."""
+
+
+def read_evidence(evidence_dir: Path, model_id: str) -> tuple[dict, ...]:
+    """The latest evidence lines of peers caught on `model_id` (`EVIDENCE_FILE` under `evidence_dir`),
+    oldest first; lines that are not a JSON object with the `CheckEvent` fields are skipped.
+    Never raises: no file is no evidence."""
+    try:
+        text = (evidence_dir / EVIDENCE_FILE).read_text()
+    except OSError:
+        return ()
+    need = {f.name for f in dataclasses.fields(CheckEvent)} | {"model_id", "at"}
+    out = []
+    for line in text.splitlines():
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict) and need <= d.keys() and d["model_id"] == model_id:
+            out.append(d)
+    return tuple(out[-MAX_EVIDENCE_SHOWN:])

@@ -1,0 +1,235 @@
+"""Checking remote computation: when to check a hop, how to compare, and what a caught peer costs.
+
+A client records every hop's input rows (for failover replay, swarm/route/replay.py), and a hop's
+output is the next hop's recorded input. A spot check sends one hop's recorded rows, up to the step
+being checked, into a fresh session on another peer (or chain of peers) of the same layers, as one
+prefill (or as the recorded steps, `CheckPolicy.regroup` off), and compares every row's output with
+what the checked peer returned (swarm/client/checks.py does the I/O). This module holds the pure
+parts:
+
+- `compare`: the measure between a claimed and a recomputed block of hidden states: per row, the
+  relative L2 distance ||claimed - ref|| / ||ref|| and the cosine similarity; the worst row decides.
+  Why these and not TOPLOC's top-k values: what moves honest rows is rounding spread over every
+  element (a replay of the recorded steps is bit-equal on one kind of machine; the default
+  one-prefill check groups the rows otherwise and moves them by up to rel L2 0.0185; another
+  attention kernel by 0.0216), which a relative L2 bounds directly, while a top-k comparison would
+  miss a lie that leaves the largest elements alone (noise added to the small ones, or a lower
+  quantization that keeps the outliers) and needs a k and a value tolerance besides. Cosine is
+  reported beside it; it ignores a change of scale, which rel L2 does not.
+- `Band`: the largest honest distance accepted, per model architecture and quantization type;
+  calibrated from honest runs (the benchmark prints the measured distribution and the margin).
+- `CheckPolicy`, `CheckSchedule`: which decode steps start a check (one early, then at a random
+  rate, from a seeded RNG so a test is deterministic) and which hop it checks (round robin).
+- `Standing`: offences per peer over time, as extra cost in route planning (`plan_route`'s
+  `penalty_ms`), so a peer caught again and again loses its place in routes even after its
+  exclusion ends.
+
+This module does not: open sessions, send frames, read a clock or draw from a global RNG.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import gguf
+import numpy as np
+
+DEFAULT_CHECK_RATE = 0.03
+"""Probability that a decode step starts a spot check (when none is running)."""
+
+FIRST_CHECK_STEP = 2
+"""The decode step that always starts a check: an always-lying peer is caught in its first tokens."""
+
+OFFENCE_PENALTY_MS = 1000.0
+"""Route cost added per recorded offence of a peer (within the standing window), ms per step."""
+
+
+@dataclass(frozen=True)
+class Band:
+    """The tolerance of a check: honest replays stay inside, lies fall outside.
+
+    Attributes:
+        max_rel_l2: largest per-row ||claimed - ref|| / ||ref|| accepted.
+        min_cosine: smallest per-row cosine similarity accepted.
+        source: where the numbers come from (the calibration run).
+    """
+
+    max_rel_l2: float
+    min_cosine: float
+    source: str = ""
+
+
+BANDS: dict[tuple[str, str], Band] = {
+    ("llama", "MOSTLY_Q4_1"): Band(
+        max_rel_l2=0.03, min_cosine=0.9995,
+        source="SmolLM2-135M Q4_1, span 10:20: honest checks (one prefill) over threads 1 and 2 and "
+               "batches of 1 to 8 sessions at most rel L2 0.0184, cosine 0.99984 (3,384 decode steps, "
+               "0 flagged); flash attention off (another kernel's rounding) 0.0216 (scripts/bench_verify.py)",
+    ),
+    ("qwen2", "MOSTLY_Q4_K_M"): Band(
+        max_rel_l2=0.03, min_cosine=0.9995,
+        source="Qwen2.5-Coder-0.5B Q4_K_M, span 8:16: one prefill against the client's steps rel L2 "
+               "0.0156, cosine 0.99988; flash attention off 0.0157 (scripts/bench_verify.py)",
+    ),
+}
+"""(architecture, quantization type) → the band calibrated from honest runs of that model."""
+
+DEFAULT_BAND = Band(max_rel_l2=0.03, min_cosine=0.9995,
+                    source="the calibrated models' band, for a model and quantization not calibrated yet")
+"""The band `band_for` falls back to."""
+
+
+def quant_type(hparams: dict) -> str:
+    """The quantization type of a model from its manifest's hparams (`general.file_type`, a
+    llama.cpp ftype number) as its name, e.g. "MOSTLY_Q4_1"; "" when absent or unknown."""
+    try:
+        return gguf.LlamaFileType(int(hparams.get("general.file_type", -1))).name
+    except (ValueError, TypeError):
+        return ""
+
+
+def band_for(arch: str, quant: str) -> Band:
+    """The band calibrated for a model's architecture and quantization type (GGUF file type name)."""
+    return BANDS.get((arch, quant), DEFAULT_BAND)
+
+
+@dataclass(frozen=True)
+class Measure:
+    """How far a claimed block of hidden states is from its recomputation.
+
+    Attributes:
+        rel_l2: the worst row's ||claimed - ref|| / ||ref|| (inf for a non-finite claimed row).
+        cosine: the worst row's cosine similarity (-1 for a non-finite claimed row).
+        row: index of the worst row (by rel_l2) in the compared block.
+    """
+
+    rel_l2: float
+    cosine: float
+    row: int
+
+    def within(self, band: Band) -> bool:
+        """Whether the claimed rows pass `band`."""
+        return self.rel_l2 <= band.max_rel_l2 and self.cosine >= band.min_cosine
+
+
+def compare(claimed: np.ndarray, ref: np.ndarray) -> Measure:
+    """Compare the hidden states a peer returned with a recomputation of the same steps.
+
+    Args:
+        claimed, ref: `[rows, hidden]` float32, same shape.
+    Returns:
+        Measure: the worst row's relative L2 and cosine.
+    Raises:
+        ValueError: shapes differ or are empty.
+    """
+    if claimed.shape != ref.shape or claimed.ndim != 2 or claimed.shape[0] == 0:
+        raise ValueError(f"cannot compare blocks of shapes {claimed.shape} and {ref.shape}")
+    a, b = claimed.astype(np.float64), ref.astype(np.float64)
+    finite = np.isfinite(a).all(axis=1)
+    ref_norm = np.maximum(np.linalg.norm(b, axis=1), 1e-30)
+    with np.errstate(invalid="ignore", over="ignore"):
+        rel = np.where(finite, np.linalg.norm(a - b, axis=1) / ref_norm, math.inf)
+        cos = np.where(finite, (a * b).sum(axis=1) / (np.maximum(np.linalg.norm(a, axis=1), 1e-30) * ref_norm),
+                       -1.0)
+    row = int(np.argmax(rel))
+    return Measure(rel_l2=float(rel[row]), cosine=float(cos.min()), row=row)
+
+
+@dataclass(frozen=True)
+class CheckPolicy:
+    """How often a client checks its hops, and what a caught peer costs.
+
+    Attributes:
+        rate: probability that a decode step starts a check when none is running (0: only the
+            first check).
+        first_check_step: the decode step (0-based) that always starts a check; -1: none.
+        seed: seed of the schedule's RNG (None: drawn from the system's entropy).
+        caught_exclusion_s: how long this client leaves a caught peer out of its routes, seconds
+            (a restart does not end it).
+        penalty_ms: route cost per offence, ms (`Standing.penalties`).
+        standing_window_s: offences older than this no longer count, seconds.
+        regroup: a check sends the hop's rows as one prefill (cheap; rows grouped otherwise than
+            the checked peer computed them, so the band must cover the rounding that costs);
+            False: as the recorded steps (bit-exact on one kind of machine, one row per step).
+        verify_prefill: check every hop's prompt rows before the first token is given out, so a
+            peer lying from its first answer cannot change any token (costs TTFT: one prefill of
+            each checked span on its checker, waited for).
+    """
+
+    rate: float = DEFAULT_CHECK_RATE
+    first_check_step: int = FIRST_CHECK_STEP
+    seed: int | None = None
+    caught_exclusion_s: float = 3600.0
+    penalty_ms: float = OFFENCE_PENALTY_MS
+    standing_window_s: float = 7 * 24 * 3600.0
+    regroup: bool = True
+    verify_prefill: bool = False
+
+    def __post_init__(self):
+        if not 0.0 <= self.rate <= 1.0:
+            raise ValueError(f"check rate must be in [0, 1], got {self.rate}")
+
+
+class CheckSchedule:
+    """Which decode steps of one generation start a check, and of which hop.
+
+    The first check comes at `first_check_step`; after it each decode step starts one with
+    probability `rate`, drawn from `rng` (seeded by the policy for tests and benchmarks). Hops
+    are taken in turn from a random first one, so every checkable hop is checked as often.
+    """
+
+    def __init__(self, policy: CheckPolicy, rng: random.Random):
+        self.policy, self._rng = policy, rng
+        self._turn = rng.randrange(1 << 30)
+
+    def due(self, decode_step: int) -> bool:
+        """Whether decode step `decode_step` (0-based) starts a check (one draw per call)."""
+        draw = self._rng.random()
+        if decode_step == self.policy.first_check_step:
+            return True
+        return decode_step > self.policy.first_check_step and draw < self.policy.rate
+
+    def pick(self, checkable: Sequence[int]) -> int:
+        """The next hop index to check among `checkable` (non-empty), in turn."""
+        self._turn += 1
+        return checkable[self._turn % len(checkable)]
+
+
+class Standing:
+    """Offences of peers caught outside the band, shared by a client's sessions.
+
+    `penalties(now_s)` gives the planner an extra cost per peer: `penalty_ms` for each offence in
+    the last `standing_window_s`, so a peer caught twice is avoided twice as strongly.
+    """
+
+    def __init__(self, policy: CheckPolicy):
+        self.policy = policy
+        self._times: dict[str, list[float]] = {}
+
+    def record(self, peer_id: str, now_s: float) -> int:
+        """Count one offence of `peer_id` at `now_s`; returns its offences in the window."""
+        times = self._times.setdefault(peer_id, [])
+        times.append(now_s)
+        return self.offences(peer_id, now_s)
+
+    def offences(self, peer_id: str, now_s: float) -> int:
+        """Offences of `peer_id` in the window ending at `now_s`."""
+        cutoff = now_s - self.policy.standing_window_s
+        times = [t for t in self._times.get(peer_id, []) if t > cutoff]
+        if times:
+            self._times[peer_id] = times
+        else:
+            self._times.pop(peer_id, None)
+        return len(times)
+
+    def penalties(self, now_s: float) -> dict[str, float]:
+        """Peer id → extra route cost in ms per step, for peers with offences in the window."""
+        out = {}
+        for peer_id in list(self._times):
+            n = self.offences(peer_id, now_s)
+            if n:
+                out[peer_id] = n * self.policy.penalty_ms
+        return out

@@ -1,0 +1,117 @@
+"""Spot-check logic (swarm/route/verify.py): the measure, the band, the schedule, the standing."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from swarm.route.plan import PeerSpan, plan_route
+from swarm.route.verify import (
+    DEFAULT_BAND, Band, CheckPolicy, CheckSchedule, Standing, band_for, compare, quant_type,
+)
+
+
+def rows(n: int = 4, hidden: int = 64, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, hidden)).astype(np.float32)
+
+
+def test_equal_blocks_measure_zero_and_pass():
+    x = rows()
+    m = compare(x, x.copy())
+    assert (m.rel_l2, m.row) == (0.0, 0)
+    assert m.cosine == pytest.approx(1.0)
+    assert m.within(DEFAULT_BAND)
+
+
+def test_the_worst_row_decides_and_is_named():
+    ref = rows(6)
+    claimed = ref.copy()
+    claimed[4] += 0.1 * ref[4]  # 10% off on row 4 only
+    m = compare(claimed, ref)
+    assert m.row == 4
+    assert m.rel_l2 == pytest.approx(0.1, rel=1e-6)
+    assert not m.within(Band(max_rel_l2=0.05, min_cosine=0.0))
+    assert m.within(Band(max_rel_l2=0.2, min_cosine=0.0))
+
+
+def test_a_scaled_row_fails_on_rel_l2_though_its_cosine_is_one():
+    ref = rows(2)
+    m = compare(ref * 1.01, ref)
+    assert m.cosine == pytest.approx(1.0)
+    assert m.rel_l2 == pytest.approx(0.01, rel=1e-5)
+    assert not m.within(Band(max_rel_l2=1e-3, min_cosine=0.999))
+
+
+def test_a_non_finite_claimed_row_is_infinitely_far():
+    ref = rows(3)
+    claimed = ref.copy()
+    claimed[1, 5] = np.nan
+    m = compare(claimed, ref)
+    assert (m.row, m.rel_l2, m.cosine) == (1, math.inf, -1.0)
+    assert not m.within(DEFAULT_BAND)
+
+
+def test_blocks_of_other_shapes_are_refused():
+    with pytest.raises(ValueError):
+        compare(rows(2), rows(3))
+
+
+def test_the_schedule_checks_the_first_step_then_at_its_rate_repeatably():
+    policy = CheckPolicy(rate=0.25, first_check_step=2, seed=7)
+    due = [[s for s in range(2000) if sched.due(s)] for sched in
+           (CheckSchedule(policy, random.Random(7)), CheckSchedule(policy, random.Random(7)))]
+    assert due[0] == due[1]  # a seeded schedule is the same every run
+    assert due[0][0] == 2 and 0 not in due[0] and 1 not in due[0]
+    assert 0.2 < len(due[0]) / 2000 < 0.3
+
+
+def test_rate_zero_checks_only_the_first_step():
+    sched = CheckSchedule(CheckPolicy(rate=0.0, first_check_step=3), random.Random(1))
+    assert [s for s in range(500) if sched.due(s)] == [3]
+
+
+def test_hops_are_checked_in_turn():
+    sched = CheckSchedule(CheckPolicy(), random.Random(3))
+    picks = [sched.pick([4, 9]) for _ in range(6)]
+    assert sorted(picks[:2]) == [4, 9] and picks[:2] * 3 == picks
+
+
+def test_a_rate_outside_zero_one_is_refused():
+    with pytest.raises(ValueError):
+        CheckPolicy(rate=1.5)
+
+
+def test_standing_adds_a_penalty_per_offence_in_its_window():
+    s = Standing(CheckPolicy(penalty_ms=100.0, standing_window_s=50.0))
+    assert s.record("liar", 0.0) == 1
+    assert s.record("liar", 10.0) == 2
+    assert s.penalties(20.0) == {"liar": 200.0}
+    assert s.penalties(55.0) == {"liar": 100.0}  # the first offence left the window
+    assert s.penalties(61.0) == {}
+
+
+def span(peer_id: str, start: int, end: int) -> PeerSpan:
+    return PeerSpan(peer_id, start, end, 100.0, 1000.0, 4096, 4, rtt_ms=1.0)
+
+
+def test_a_penalised_peer_loses_its_place_in_the_route_but_serves_when_alone():
+    peers = [span("a-fast", 0, 10), span("b-slower", 0, 10)]
+    peers[1] = PeerSpan("b-slower", 0, 10, 50.0, 1000.0, 4096, 4, rtt_ms=1.0)
+    assert plan_route(peers, 10, 8).hops[0].peer_id == "a-fast"
+    assert plan_route(peers, 10, 8, penalty_ms={"a-fast": 1000.0}).hops[0].peer_id == "b-slower"
+    assert plan_route(peers[:1], 10, 8, penalty_ms={"a-fast": 1000.0}).hops[0].peer_id == "a-fast"
+
+
+def test_quant_type_names_the_gguf_file_type():
+    assert quant_type({"general.file_type": 3}) == "MOSTLY_Q4_1"
+    assert quant_type({}) == ""
+    assert quant_type({"general.file_type": "junk"}) == ""
+
+
+def test_the_band_is_looked_up_by_architecture_and_quantization():
+    assert "SmolLM2" in band_for("llama", "MOSTLY_Q4_1").source
+    assert "Qwen2.5" in band_for("qwen2", "MOSTLY_Q4_K_M").source
+    assert band_for("llama", "MOSTLY_Q8_0") is DEFAULT_BAND
