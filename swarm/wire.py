@@ -59,19 +59,21 @@ from swarm.limits import (
     MAX_HIDDEN,
     MAX_LAYERS,
     MAX_PREFIX_OFFERS,
+    MAX_VERIFY_ROWS,
     MAX_VOCAB,
     PREFIX_HASH_BYTES,
 )
 from swarm.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
-PROTOCOL_GENERATION = 5
+PROTOCOL_GENERATION = 6
 """Version of every frame below; a peer refuses frames of any other generation.
 
 2: prefix KV snapshots (`Open.prefixes`, `OpenOk.restorable` / `fetched_from`, `Forward.restore`).
 3: server push (`Chain`, `Attach`, `Forward.push` / `rewind`, `Hidden.pushed`); `Token.logprob` only
    when asked (`SamplingParams.logprobs`).
 4: `Forward.steps`: one frame replays many recorded steps, each computed as it was first sent.
-5: `Forward.sample` dropped: no peer read it (the last span always samples)."""
+5: `Forward.sample` dropped: no peer read it (the last span always samples).
+6: speculative decoding: `Forward.verify` (the last span samples every row), `Token.tokens`."""
 
 MAX_HEADER_BYTES = 4096
 """Largest msgpack header accepted."""
@@ -472,6 +474,9 @@ class Forward(_Frame):
             come in a frame of its own. A client replaying a failed hop's recorded steps sends them
             so: llama.cpp rounds a matmul over many rows differently from one over a few (ggml-cpu
             picks its kernel by row count), so regrouped rows would give other KV and outputs.
+        verify: a verify pass of speculative decoding (swarm/spec/verify.py), at most
+            MAX_VERIFY_ROWS rows: the last span samples every row, row i as the token at position
+            pos0 + i + 1, and answers them all in `Token.tokens`; other spans pass it on as it came.
     """
 
     step: int = _wire(_Int(0, _U64))
@@ -485,9 +490,12 @@ class Forward(_Frame):
     steps: tuple[int, ...] = _wire(
         _Seq(_Int(1, MAX_CONTEXT_TOKENS), MAX_FORWARD_STEPS, "row counts"), default=()
     )
+    verify: bool = _wire(_Bool(), default=False)
 
     def _relate(self) -> None:
         rows = self.hidden.shape[0]
+        if self.verify and rows > MAX_VERIFY_ROWS:
+            raise ProtocolError(f"a verify pass carries at most {MAX_VERIFY_ROWS} rows, got {rows}")
         if self.steps and sum(self.steps) != rows:
             raise ProtocolError(f"field 'steps' sums to {sum(self.steps)} rows, the frame has {rows}")
         _int("pos0", self.pos0, 0, MAX_CONTEXT_TOKENS - rows)
@@ -529,6 +537,8 @@ class Token(_Frame):
         top: up to MAX_TOP_LOGPROBS (token id, logprob) pairs.
         compute_ms: span compute time in ms.
         logits: `[rows, n_vocab]` float32 when the client asked (want_logits), else None.
+        tokens: answering a verify pass (`Forward.verify`): the token sampled after each of its rows,
+            the last one equal to `token`; else ().
     """
 
     step: int = _wire(_Int(0, _U64))
@@ -540,6 +550,11 @@ class Token(_Frame):
     )
     compute_ms: float = _wire(_Float(0.0, 1e9))
     logits: np.ndarray | None = _wire(_Tensor(MAX_VOCAB, optional=True), default=None)
+    tokens: tuple[int, ...] = _wire(_Seq(_Int(0, MAX_VOCAB - 1), MAX_VERIFY_ROWS, "token ids"), default=())
+
+    def _relate(self) -> None:
+        if self.tokens and self.tokens[-1] != self.token:
+            raise ProtocolError("field 'tokens' must end with 'token'")
 
 
 @_frame("truncate")

@@ -38,7 +38,13 @@ only the rows after the longest prefix it can restore at or after the failed hop
 row; when it can restore none of them (the failed hop's rows before that were never recorded), the
 whole route is re-opened and replayed from the prompt's embedded rows (`prefix_rows`).
 
-This module does not: read the DHT, encode frames to bytes, embed tokens or sample. It is one
+Speculative decoding: `step(x, verify=True)` sends a verify pass (swarm/spec/verify.py), whose
+last hop answers one sampled token per row, and `keep(n)` then keeps only the pass's first n rows:
+the recorded inputs of every hop are cut to them (a replacement replays exactly the kept rows), and
+the next step goes out with `Forward.rewind`, so each hop rolls the rejected rows back before it
+computes (no round trip of its own).
+
+This module does not: read the DHT, encode frames to bytes, embed tokens, draft or sample. It is one
 concern (one generation's route and its failover) and stays one file past the house's ~400 lines:
 its steps, chaining and failover share one route's state, and every decision is already in route/.
 """
@@ -60,7 +66,7 @@ from swarm.route.failover import (
 )
 from swarm.route.ladder import NoRouteAction, after_no_route, plan_fresh
 from swarm.route.plan import Hop, PeerSpan, layer_ranges, plan_route
-from swarm.route.replay import clip_steps, replay_frames, split_steps
+from swarm.route.replay import clip_steps, drop_rows, replay_frames, split_steps
 from swarm.route.restore import CannotRestore, rebuild_rows, restore_point
 from swarm.sampling import SamplingParams
 from swarm.wire import (
@@ -160,6 +166,9 @@ class RouteSession:
         self._links: set[HopLink] = set()
         self._closing: set[asyncio.Future] = set()
         self._step = 0
+        self._last_pos0 = 0
+        self._stale = False
+        """Hops may hold rows past `pos` (a verify pass's rejected rows): the next step rewinds."""
         self.pos = 0
         """Tokens every hop holds: the next step starts at this position."""
         self.restored_tokens = 0
@@ -196,27 +205,33 @@ class RouteSession:
         self.restored_tokens = self.pos
         self.telemetry.reused_tokens = self.pos
 
-    async def step(self, x: np.ndarray) -> Token:
+    async def step(self, x: np.ndarray, *, verify: bool = False, steps: tuple[int, ...] = ()) -> Token:
         """Run `x` (`[n, hidden]` float32, positions pos..pos+n-1) through every hop.
 
         A failed hop is replaced and replayed, and the step continues (see the module docstring).
+        Args:
+            x: the rows.
+            verify: a verify pass (`Forward.verify`): the Token carries one sampled token per row.
+            steps: () or the row counts the hops compute the rows as (`Forward.steps`); each is
+                recorded as a step of its own for replay.
         Returns:
-            Token: the last hop's sampled token after the last row.
+            Token: the last hop's sampled token after the last row (`tokens`: after every row).
         Raises:
             SwarmError: more than policy.max_failovers failovers, or no replacement for a failed hop.
         """
         pos0, i, x0 = self.pos, 0, x
         pushed_step: int | None = None  # the step hop i's input was pushed with (None: send it)
-        rewind = push = False
+        rewind, push = self._stale, False
         while i < len(self._hops):
             hop, t_start = self._hops[i], self._now()
             try:
                 if pushed_step is None:
                     # a hop that restores a prefix first must be sent its step: a pushed frame cannot say so
                     push = self.chained and not any(h.pending_restore for h in self._hops)
-                    reply = await self._forward(hop, pos0, x, push=push, rewind=rewind)
+                    reply = await self._forward(hop, pos0, x, push=push, rewind=rewind, steps=steps,
+                                                verify=verify)
                 else:
-                    reply = await self._pushed_reply(hop, pushed_step, x.shape)
+                    reply = await self._pushed_reply(hop, pushed_step, x.shape, verify)
             except _HopFailed as f:
                 if await self._fail_over(i, f.error, t_start):
                     i, x = 0, x0  # the whole route was rebuilt: run this step from the first hop
@@ -224,15 +239,34 @@ class RouteSession:
                     rewind = True  # later hops may hold this step already, from a push before the failure
                 pushed_step = None
                 continue
-            hop.inputs.append(x)
+            hop.inputs.extend(split_steps(x, steps))
             if isinstance(reply, Token):
-                self.pos += x.shape[0]
+                self._last_pos0, self.pos = pos0, pos0 + x.shape[0]
+                self._stale = False
                 return reply
             x, i = np.asarray(reply.hidden, dtype=np.float32), i + 1
             pushed_step = reply.step if reply.pushed else None
             # a push that failed half-way may still have reached the next hop: relay with rewind
             rewind = rewind or (push and pushed_step is None)
         raise NoRoute("the route has no hops")
+
+    def keep(self, n: int) -> None:
+        """Keep only the first `n` rows of the last step (a verify pass): `pos` goes back to where
+        they end, every hop's recorded inputs are cut there, and the next step rolls the hops back
+        (`Forward.rewind`) before computing.
+
+        Raises:
+            ValueError: n < 1 or more rows than the last step had.
+        """
+        n_last = self.pos - self._last_pos0
+        if not 1 <= n <= n_last:
+            raise ValueError(f"keep {n} rows of a step of {n_last}")
+        new_pos = self._last_pos0 + n
+        if new_pos == self.pos:
+            return
+        for hop in self._hops:
+            drop_rows(hop.inputs, self.pos - new_pos)
+        self.pos, self._stale = new_pos, True
 
     async def close(self) -> None:
         """Close every link this session opened, half-opened ones too, and drop recorded inputs."""
@@ -247,26 +281,27 @@ class RouteSession:
 
     async def _forward(
         self, hop: _Hop, pos0: int, x: np.ndarray, push: bool = False, rewind: bool = False,
-        steps: tuple[int, ...] = (),
+        steps: tuple[int, ...] = (), verify: bool = False,
     ) -> Hidden | Token:
         last = hop.span.end == self.spec.n_layers
         frame = Forward(step=self._step, pos0=pos0, hidden=x, restore=hop.pending_restore,
-                        push=push and not last, rewind=rewind and not hop.pending_restore, steps=steps)
+                        push=push and not last, rewind=rewind and not hop.pending_restore, steps=steps,
+                        verify=verify)
         self._step += 1
         reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy, steps))
         hop.pending_restore = 0
-        return self._checked(hop, reply, x.shape)
+        return self._checked(hop, reply, x.shape, verify)
 
-    async def _pushed_reply(self, hop: _Hop, step: int, shape: tuple[int, ...]) -> Hidden | Token:
+    async def _pushed_reply(self, hop: _Hop, step: int, shape: tuple[int, ...], verify: bool) -> Hidden | Token:
         """The answer of `hop` to the step the previous hop pushed to it."""
         t0 = self._now()
         reply = await self._receive(hop, step, step_timeout_s(hop.span, shape[0], self.policy), t0)
         hop.telemetry.pushed_steps += 1
-        return self._checked(hop, reply, shape)
+        return self._checked(hop, reply, shape, verify)
 
-    def _checked(self, hop: _Hop, reply: Frame, shape: tuple[int, ...]) -> Hidden | Token:
+    def _checked(self, hop: _Hop, reply: Frame, shape: tuple[int, ...], verify: bool = False) -> Hidden | Token:
         last = hop.span.end == self.spec.n_layers
-        if (last and isinstance(reply, Token)) or (
+        if (last and isinstance(reply, Token) and len(reply.tokens) == (shape[0] if verify else 0)) or (
             not last and isinstance(reply, Hidden) and reply.hidden.shape == shape
         ):
             return reply

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from swarm.spec.verify import Acceptance
+
 
 @dataclass
 class HopTelemetry:
@@ -93,6 +95,7 @@ class GenerationTelemetry:
         failovers: hops replaced mid-generation, with the stall each caused.
         finish_reason: "stop" (end of sequence or stop string), "length" (max_new_tokens).
         reused_tokens: prompt tokens restored from prefix snapshots on every hop (not computed).
+        speculation: verify passes, drafted and accepted tokens when the request speculated, else None.
     """
 
     backend: str
@@ -107,6 +110,7 @@ class GenerationTelemetry:
     failovers: list[FailoverEvent] = field(default_factory=list)
     finish_reason: str = ""
     reused_tokens: int = 0
+    speculation: Acceptance | None = None
 
     def finalize(self, total_ms: float) -> None:
         """Fill `total_ms` and `decode_tokens_per_s` from the per-token latencies."""
@@ -129,6 +133,10 @@ class GenerationTelemetry:
         )
         if self.reused_tokens:
             line += f", {self.reused_tokens} prompt tokens reused"
+        if self.speculation is not None:
+            s = self.speculation
+            line += (f", speculation: {s.accepted}/{s.drafted} drafted tokens accepted "
+                     f"({s.rate:.0%}), {s.tokens_per_pass:.2f} tokens per pass")
         for f in self.failovers:
             line += (
                 f"\n  failover [{f.start}:{f.end}) {f.peer_id[:12]}… ({f.reason}) "
