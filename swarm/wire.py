@@ -73,7 +73,8 @@ PROTOCOL_GENERATION = 6
    when asked (`SamplingParams.logprobs`).
 4: `Forward.steps`: one frame replays many recorded steps, each computed as it was first sent.
 5: `Forward.sample` dropped: no peer read it (the last span always samples).
-6: speculative decoding: `Forward.verify` (the last span samples every row), `Token.tokens`."""
+6: speculative decoding: `Forward.verify` (the last span samples every row), `Token.tokens`,
+   `OpenOk.verify_rows`."""
 
 MAX_HEADER_BYTES = 4096
 """Largest msgpack header accepted."""
@@ -434,6 +435,8 @@ class OpenOk(_Frame):
         restorable: offered prefix lengths this peer can restore (held, or fetched from another
             peer during Open), ascending, at most MAX_PREFIX_OFFERS.
         fetched_from: peer id of the holder the peer fetched a snapshot from for this Open ("": none).
+        verify_rows: rows of one session's step the span computes exactly as one-row steps (probed at
+            load, swarm/peer/exact_rows.py): the largest group a verify pass may be computed in.
     """
 
     reserved_tokens: int = _wire(_Int(1, MAX_CONTEXT_TOKENS))
@@ -441,6 +444,7 @@ class OpenOk(_Frame):
         _Seq(_Int(1, MAX_CONTEXT_TOKENS), MAX_PREFIX_OFFERS, "lengths", ascending=True), default=()
     )
     fetched_from: str = _wire(_Str(MAX_ID_CHARS), default="")
+    verify_rows: int = _wire(_Int(1, MAX_VERIFY_ROWS), default=1)
 
 
 @_frame("error")

@@ -29,8 +29,8 @@ class Client:
         n_threads: llama.cpp compute threads (local only); default all cores.
         n_ctx: KV-cache tokens (local only); default the model's context, capped at 131,072.
         prefill_chunk_tokens: prompt tokens per prefill frame (swarm only).
-        verify_group_rows: rows per step of a speculative verify pass (swarm/spec/verify.py): 1
-            (default) computes each row as a decode step, exact on every model.
+        verify_group_rows: rows per step of a speculative verify pass (swarm/spec/verify.py); None
+            (default): the largest group the route's peers proved exact at load.
     Raises:
         ModelError: the model cannot be found, fetched or loaded.
         NoRoute: (swarm) no chain of peers covers every layer.
@@ -45,7 +45,7 @@ class Client:
         n_threads: int | None = None,
         n_ctx: int | None = None,
         prefill_chunk_tokens: int = 256,
-        verify_group_rows: int = 1,
+        verify_group_rows: int | None = None,
     ):
         self.local = local
         self.verify_group_rows = verify_group_rows

@@ -34,13 +34,14 @@ class Speculation:
     Attributes:
         draft: proposes the tokens (one Draft per generation: a draft model keeps state).
         k: drafted tokens per verify pass at most (1..MAX_VERIFY_ROWS - 1).
-        group_rows: rows per step of a verify pass (swarm/spec/verify.py `verify_steps`): 1 computes
-            every row exactly as a decode step (exact on every model); more is faster where exact.
+        group_rows: rows per step of a verify pass (swarm/spec/verify.py `verify_steps`); None: the
+            largest group every hop proved exact at load (each row computes as its decode step would,
+            bit for bit); 1: one-row steps; more: faster, exact only where the kernels allow.
     """
 
     draft: Draft
     k: int = 4
-    group_rows: int = 1
+    group_rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class EngineSession(Protocol):
 class SpeculativeSession(EngineSession, Protocol):
     """An engine session that can verify a draft in one pass (the swarm's)."""
 
-    def verify(self, token: int, draft: Sequence[int], group_rows: int) -> list[StepResult]:
+    def verify(self, token: int, draft: Sequence[int], group_rows: int | None) -> list[StepResult]:
         """Append `token` and the drafted tokens, keep the drafted tokens up to the first one plain
         decoding would not have produced, and return the kept ones plus the next sampled token."""
 
@@ -147,8 +148,8 @@ def check_request(n_prompt_tokens: int, req: GenerationRequest, context_limit: i
     if spec is not None:
         if not isinstance(spec.k, int) or not 1 <= spec.k < MAX_VERIFY_ROWS:
             raise RequestError(f"speculation k must be an integer in [1, {MAX_VERIFY_ROWS - 1}], got {spec.k!r}")
-        if not isinstance(spec.group_rows, int) or spec.group_rows < 1:
-            raise RequestError(f"speculation group_rows must be an integer >= 1, got {spec.group_rows!r}")
+        if spec.group_rows is not None and (not isinstance(spec.group_rows, int) or spec.group_rows < 1):
+            raise RequestError(f"speculation group_rows must be None or an integer >= 1, got {spec.group_rows!r}")
         if req.sampling.logprobs or req.sampling.n_top_logprobs:
             raise RequestError("speculative decoding does not return log-probs: turn one of them off")
     limit = min(context_limit, MAX_CONTEXT_TOKENS)

@@ -42,7 +42,10 @@ Speculative decoding: `step(x, verify=True)` sends a verify pass (swarm/spec/ver
 last hop answers one sampled token per row, and `keep(n)` then keeps only the pass's first n rows:
 the recorded inputs of every hop are cut to them (a replacement replays exactly the kept rows), and
 the next step goes out with `Forward.rewind`, so each hop rolls the rejected rows back before it
-computes (no round trip of its own).
+computes (no round trip of its own). By default a pass is computed in groups of the route's
+`verify_rows` (the smallest group every hop proved exact at load, swarm/peer/exact_rows.py), so each
+row's output is the one-row step's, bit for bit, and the rows are recorded as one-row steps: a
+replacement replays them exactly whatever group it proved.
 
 This module does not: read the DHT, encode frames to bytes, embed tokens, draft or sample. It is one
 concern (one generation's route and its failover) and stays one file past the house's ~400 lines:
@@ -69,6 +72,7 @@ from swarm.route.plan import Hop, PeerSpan, layer_ranges, plan_route
 from swarm.route.replay import clip_steps, drop_rows, replay_frames, split_steps
 from swarm.route.restore import CannotRestore, rebuild_rows, restore_point
 from swarm.sampling import SamplingParams
+from swarm.spec.verify import verify_steps
 from swarm.wire import (
     MAX_CHAIN_ADDRS, MAX_FORWARD_STEPS, Chain, Error, Forward, Frame, Hidden, Open, OpenOk, Token,
 )
@@ -110,6 +114,8 @@ class _Hop:
     """Position of the first recorded input row (the restored prefix length)."""
     pending_restore: int = 0
     """Prefix length to restore with the hop's first Forward (0: none, or already done)."""
+    verify_rows: int = 1
+    """Rows of one step the peer computes exactly as one-row steps (`OpenOk.verify_rows`)."""
 
     @property
     def peer_id(self) -> str:
@@ -205,15 +211,20 @@ class RouteSession:
         self.restored_tokens = self.pos
         self.telemetry.reused_tokens = self.pos
 
-    async def step(self, x: np.ndarray, *, verify: bool = False, steps: tuple[int, ...] = ()) -> Token:
+    @property
+    def verify_rows(self) -> int:
+        """The largest verify group every hop of the route computes exactly as one-row steps."""
+        return min((h.verify_rows for h in self._hops), default=1)
+
+    async def step(self, x: np.ndarray, *, verify: bool = False, group_rows: int | None = None) -> Token:
         """Run `x` (`[n, hidden]` float32, positions pos..pos+n-1) through every hop.
 
         A failed hop is replaced and replayed, and the step continues (see the module docstring).
         Args:
             x: the rows.
             verify: a verify pass (`Forward.verify`): the Token carries one sampled token per row.
-            steps: () or the row counts the hops compute the rows as (`Forward.steps`); each is
-                recorded as a step of its own for replay.
+            group_rows: a verify pass's rows per step (`Forward.steps`, recorded as such for replay);
+                None: the route's `verify_rows`, recorded as one-row steps (they compute as such).
         Returns:
             Token: the last hop's sampled token after the last row (`tokens`: after every row).
         Raises:
@@ -222,6 +233,7 @@ class RouteSession:
         pos0, i, x0 = self.pos, 0, x
         pushed_step: int | None = None  # the step hop i's input was pushed with (None: send it)
         rewind, push = self._stale, False
+        steps, record = self._verify_steps(x.shape[0], verify, group_rows)
         while i < len(self._hops):
             hop, t_start = self._hops[i], self._now()
             try:
@@ -238,8 +250,9 @@ class RouteSession:
                 else:
                     rewind = True  # later hops may hold this step already, from a push before the failure
                 pushed_step = None
+                steps, record = self._verify_steps(x.shape[0], verify, group_rows)  # new hops, new group
                 continue
-            hop.inputs.extend(split_steps(x, steps))
+            hop.inputs.extend(split_steps(x, record))
             if isinstance(reply, Token):
                 self._last_pos0, self.pos = pos0, pos0 + x.shape[0]
                 self._stale = False
@@ -249,6 +262,13 @@ class RouteSession:
             # a push that failed half-way may still have reached the next hop: relay with rewind
             rewind = rewind or (push and pushed_step is None)
         raise NoRoute("the route has no hops")
+
+    def _verify_steps(self, n: int, verify: bool, group_rows: int | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(the steps a step of n rows is sent as, the steps it is recorded as): see `step`."""
+        if not verify:
+            return (), ()
+        steps = verify_steps(n, group_rows or self.verify_rows)
+        return steps, (steps if group_rows else (1,) * n)
 
     def keep(self, n: int) -> None:
         """Keep only the first `n` rows of the last step (a verify pass): `pos` goes back to where
@@ -548,6 +568,7 @@ class RouteSession:
             await self._drop(link)
             raise
         hop.restorable = frozenset(reply.restorable)
+        hop.verify_rows = reply.verify_rows
         hop.telemetry.fetched_from = reply.fetched_from
         return hop
 

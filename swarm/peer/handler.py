@@ -180,7 +180,8 @@ async def _open(span: Span, stream: FramedStream) -> tuple[SessionSlot, Sampling
         prefixes.restorable, fetched = await span.prefixes.prepare(prefixes.offers)
         fetched_from = fetched.peer_id if fetched is not None else ""
     restorable = rules.restorable_lengths(frame.prefixes, prefixes.restorable)
-    ok = OpenOk(reserved_tokens=slot.reserved_tokens, restorable=restorable, fetched_from=fetched_from)
+    ok = OpenOk(reserved_tokens=slot.reserved_tokens, restorable=restorable, fetched_from=fetched_from,
+                verify_rows=span.verify_rows)
     await stream.send(encode_frame(ok))
     return slot, frame.sampling, prefixes
 
