@@ -568,7 +568,7 @@ class RouteSession:
             await self._drop(link)
             raise
         hop.restorable = frozenset(reply.restorable)
-        hop.verify_rows = reply.verify_rows
+        hop.verify_rows = hop.telemetry.verify_rows = reply.verify_rows
         hop.telemetry.fetched_from = reply.fetched_from
         return hop
 

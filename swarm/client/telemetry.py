@@ -32,6 +32,8 @@ class HopTelemetry:
             push: the client only read the answer).
         skipped_replies: answers to steps the client had given up on (a push that raced a failover
             upstream), read and dropped.
+        verify_rows: rows of one step the peer computes exactly as one-row steps (`OpenOk.verify_rows`):
+            speculative verify passes go in groups of the route's smallest.
     """
 
     peer_id: str
@@ -48,6 +50,7 @@ class HopTelemetry:
     direct_error: str = ""
     pushed_steps: int = 0
     skipped_replies: int = 0
+    verify_rows: int = 1
 
 
 @dataclass

@@ -4,9 +4,9 @@ Prompt-lookup drafts on SmolLM2 (the session's shared swarm, 0:10 / 10:20 / 20:3
 0.5B (a swarm of its own, `slow`). Each verify pass carries the last token and up to k drafted
 tokens through every hop in one frame; the last span samples every row, the client keeps the
 drafted tokens up to the first that differs, and every hop rolls the rest back on the next step
-(`Forward.rewind`). Verify rows computed as one-row steps (`group_rows` 1, the default) are exact on
-every model by construction; the tokens must equal a plain (non-speculative) run over the same
-route, greedy and seeded alike. The plain run is the oracle here, not llama.cpp's whole model: on
+(`Forward.rewind`). A pass is computed in groups of the rows every span proved at load to compute
+exactly as one-row steps (swarm/peer/exact_rows.py: 8 on SmolLM2, 3 on Qwen); the tokens must equal
+a plain (non-speculative) run over the same route, greedy and seeded alike. The plain run is the oracle here, not llama.cpp's whole model: on
 the parity prompt at 64 tokens SmolLM2's plain swarm text already parts from llama.cpp's (measured,
 with speculation off), so only the plain run tells whether speculation changed anything.
 """
@@ -40,6 +40,8 @@ def test_greedy_speculative_tokens_equal_plain_decoding(smol_swarm, smollm2_path
         plain = client.generate(prompt, max_new_tokens=N_NEW)
         got = speculated(client, prompt, k)
     assert got.tokens == plain.tokens
+    # every span proved 8 rows exact at load: passes of k + 1 <= 5 rows went as one step each
+    assert [h.verify_rows for h in got.telemetry.route] == [8, 8, 8]
     s = got.telemetry.speculation
     # the prefill's token, then per pass its kept drafted tokens plus one, per decode step one
     assert s.accepted + s.passes + 1 <= len(got.tokens)
@@ -71,3 +73,5 @@ def test_greedy_speculative_tokens_equal_plain_decoding_on_qwen(qwen_swarm, qwen
         plain = client.generate(prompt, max_new_tokens=N_NEW)
         got = speculated(client, prompt)
     assert got.tokens == plain.tokens
+    # Qwen's spans prove 3 rows exact (repacked Q4_K gemm from 4): passes of 5 rows go as 3 + 2
+    assert [h.verify_rows for h in got.telemetry.route] == [3, 3]
