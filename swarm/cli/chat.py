@@ -40,7 +40,7 @@ def register(sub) -> None:
 def _chat(args) -> int:
     from swarm.client.api import Client
     from swarm.errors import RequestError
-    from swarm.limits import MAX_CONTEXT_TOKENS
+    from swarm.limits import MAX_CONTEXT_TOKENS, MAX_VERIFY_ROWS
     from swarm.sampling import SamplingParams
 
     sampling = dict(
@@ -60,6 +60,8 @@ def _chat(args) -> int:
             f"max_new_tokens ({args.max_new_tokens}) exceeds the product's hard cap of "
             f"{MAX_CONTEXT_TOKENS} tokens per session (prompt included)"
         )
+    if not 0 <= args.speculate < MAX_VERIFY_ROWS:
+        raise RequestError(f"--speculate must be in [0, {MAX_VERIFY_ROWS - 1}], got {args.speculate}")
     if args.speculate and args.local:
         raise RequestError("--speculate runs on the swarm: speculative decoding saves round trips over the route")
     if args.prompt is not None:
