@@ -39,12 +39,15 @@ from tests.helpers.peers import PeerSet, serve_args  # noqa: E402
 
 CLIENT_S = 1800.0
 TASKS = {
-    "copy": CODE + "        self.items = []\n\n# The same code, copied exactly:\n" + CODE.split("\n", 1)[0] + "\n",
-    "novel": "Write a short story about a lighthouse keeper who finds a message in a bottle.\n\nOnce upon a time,",
+    "copy": (CODE + "        self.items = []\n\n# The same code, copied exactly:\n"
+             + CODE.split("\n", 1)[0] + "\n"),
+    "novel": ("Write a short story about a lighthouse keeper who finds a message in a bottle.\n\n"
+              "Once upon a time,"),
 }
 
 
-def run_client(model: str, initial_peers: list[str], k_values: list[int], n_decode: int, repeats: int) -> list[dict]:
+def run_client(model: str, initial_peers: list[str], k_values: list[int], n_decode: int,
+               repeats: int) -> list[dict]:
     """Every task with speculation off (k 0) and at each k: medians over `repeats` generations."""
     from swarm import Client
 
@@ -54,12 +57,14 @@ def run_client(model: str, initial_peers: list[str], k_values: list[int], n_deco
         for task, prompt in TASKS.items():
             plain_text = None
             for k in [0, *k_values]:
-                runs = [client.generate(prompt, max_new_tokens=n_decode + 1, speculate=k) for _ in range(repeats)]
+                runs = [client.generate(prompt, max_new_tokens=n_decode + 1, speculate=k)
+                        for _ in range(repeats)]
                 s = [r.telemetry.speculation for r in runs]
                 row = {
                     "task": task,
                     "k": k,
-                    "decode_tok_s": round(statistics.median(r.telemetry.decode_tokens_per_s for r in runs), 2),
+                    "decode_tok_s": round(statistics.median(r.telemetry.decode_tokens_per_s
+                                                            for r in runs), 2),
                     "total_ms": round(statistics.median(r.telemetry.total_ms for r in runs), 1),
                 }
                 if k:
@@ -126,7 +131,8 @@ def in_lab(model: Path, n_layers: int, args, rtts: list[float]) -> dict[float, l
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--rtt", type=float, nargs="+", default=[0.0], help="ms; 0 runs on loopback, others in the lab")
+    ap.add_argument("--rtt", type=float, nargs="+", default=[0.0],
+                    help="ms; 0 runs on loopback, others in the lab")
     ap.add_argument("--k", type=int, nargs="+", default=[4], help="drafted tokens per pass")
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)

@@ -63,7 +63,8 @@ def _chat(args) -> int:
     if not 0 <= args.speculate < MAX_VERIFY_ROWS:
         raise RequestError(f"--speculate must be in [0, {MAX_VERIFY_ROWS - 1}], got {args.speculate}")
     if args.speculate and args.local:
-        raise RequestError("--speculate runs on the swarm: speculative decoding saves round trips over the route")
+        raise RequestError("--speculate runs on the swarm: speculative decoding saves round trips "
+                           "over the route")
     if args.prompt is not None:
         _check_prompt(args.prompt)
     client = Client(args.model, local=args.local, initial_peers=args.initial_peers, n_threads=args.threads)

@@ -135,7 +135,9 @@ class Client:
         speculate: int = 0,
     ) -> Generation:
         """Answer chat `messages` ([{"role": ..., "content": ...}]); return the finished generation."""
-        return self.chat_stream(messages, max_new_tokens, temperature, top_p, top_k, seed, stop, speculate).run()
+        return self.chat_stream(
+            messages, max_new_tokens, temperature, top_p, top_k, seed, stop, speculate
+        ).run()
 
     @property
     def context_limit(self) -> int:

@@ -147,9 +147,13 @@ def check_request(n_prompt_tokens: int, req: GenerationRequest, context_limit: i
     spec = req.speculation
     if spec is not None:
         if not isinstance(spec.k, int) or not 1 <= spec.k < MAX_VERIFY_ROWS:
-            raise RequestError(f"speculation k must be an integer in [1, {MAX_VERIFY_ROWS - 1}], got {spec.k!r}")
+            raise RequestError(
+                f"speculation k must be an integer in [1, {MAX_VERIFY_ROWS - 1}], got {spec.k!r}"
+            )
         if spec.group_rows is not None and (not isinstance(spec.group_rows, int) or spec.group_rows < 1):
-            raise RequestError(f"speculation group_rows must be None or an integer >= 1, got {spec.group_rows!r}")
+            raise RequestError(
+                f"speculation group_rows must be None or an integer >= 1, got {spec.group_rows!r}"
+            )
         if req.sampling.logprobs or req.sampling.n_top_logprobs:
             raise RequestError("speculative decoding does not return log-probs: turn one of them off")
     limit = min(context_limit, MAX_CONTEXT_TOKENS)

@@ -263,7 +263,9 @@ class RouteSession:
             rewind = rewind or (push and pushed_step is None)
         raise NoRoute("the route has no hops")
 
-    def _verify_steps(self, n: int, verify: bool, group_rows: int | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def _verify_steps(
+        self, n: int, verify: bool, group_rows: int | None
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(the steps a step of n rows is sent as, the steps it is recorded as): see `step`."""
         if not verify:
             return (), ()
@@ -312,14 +314,18 @@ class RouteSession:
         hop.pending_restore = 0
         return self._checked(hop, reply, x.shape, verify)
 
-    async def _pushed_reply(self, hop: _Hop, step: int, shape: tuple[int, ...], verify: bool) -> Hidden | Token:
+    async def _pushed_reply(
+        self, hop: _Hop, step: int, shape: tuple[int, ...], verify: bool
+    ) -> Hidden | Token:
         """The answer of `hop` to the step the previous hop pushed to it."""
         t0 = self._now()
         reply = await self._receive(hop, step, step_timeout_s(hop.span, shape[0], self.policy), t0)
         hop.telemetry.pushed_steps += 1
         return self._checked(hop, reply, shape, verify)
 
-    def _checked(self, hop: _Hop, reply: Frame, shape: tuple[int, ...], verify: bool = False) -> Hidden | Token:
+    def _checked(
+        self, hop: _Hop, reply: Frame, shape: tuple[int, ...], verify: bool = False
+    ) -> Hidden | Token:
         last = hop.span.end == self.spec.n_layers
         if (last and isinstance(reply, Token) and len(reply.tokens) == (shape[0] if verify else 0)) or (
             not last and isinstance(reply, Hidden) and reply.hidden.shape == shape

@@ -6,9 +6,10 @@ tokens through every hop in one frame; the last span samples every row, the clie
 drafted tokens up to the first that differs, and every hop rolls the rest back on the next step
 (`Forward.rewind`). A pass is computed in groups of the rows every span proved at load to compute
 exactly as one-row steps (swarm/peer/exact_rows.py: 8 on SmolLM2, 3 on Qwen); the tokens must equal
-a plain (non-speculative) run over the same route, greedy and seeded alike. The plain run is the oracle here, not llama.cpp's whole model: on
-the parity prompt at 64 tokens SmolLM2's plain swarm text already parts from llama.cpp's (measured,
-with speculation off), so only the plain run tells whether speculation changed anything.
+a plain (non-speculative) run over the same route, greedy and seeded alike. The plain run is the
+oracle here, not llama.cpp's whole model: on the parity prompt at 64 tokens SmolLM2's plain swarm
+text already parts from llama.cpp's (measured, with speculation off), so only the plain run tells
+whether speculation changed anything.
 """
 
 from __future__ import annotations

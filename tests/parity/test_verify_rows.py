@@ -37,7 +37,8 @@ def decode_then_regroup(path, span_cache, oracle, groups):
         regrouped = {}
         for g in groups:
             ex.truncate(0, len(prompt))
-            outs = [chain_forward([ex], emb, 0, len(prompt) + a, toks[a : min(a + g, N_DECODE)], all_logits=True)
+            outs = [chain_forward([ex], emb, 0, len(prompt) + a, toks[a : min(a + g, N_DECODE)],
+                                  all_logits=True)
                     for a in range(0, N_DECODE, g)]
             regrouped[g] = np.concatenate(outs)
         return probed, np.stack(plain), regrouped

@@ -81,7 +81,8 @@ def speculative(prompt_last: int, pos: int, n: int, params: SamplingParams, gues
     out, prev, at = [], prompt_last, pos
     while len(out) < n:
         rows = [prev, *guess]
-        sampled = [sample(toy_logits(t, at + i), params, position=at + i + 1).token for i, t in enumerate(rows)]
+        sampled = [sample(toy_logits(t, at + i), params, position=at + i + 1).token
+                   for i, t in enumerate(rows)]
         new = accepted(guess, sampled)
         out += new
         prev, at = new[-1], at + len(new)

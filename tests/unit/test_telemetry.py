@@ -28,6 +28,7 @@ def test_summary_and_usage_carry_speculation_counts():
     t.speculation = Acceptance(passes=4, drafted=16, accepted=12)
     assert "speculation: 12/16 drafted tokens accepted (75%), 4.00 tokens per pass" in t.summary()
     assert usage(30, 17, t.speculation).model_dump()["speculation"] == {
-        "passes": 4, "drafted_tokens": 16, "accepted_tokens": 12, "acceptance_rate": 0.75, "tokens_per_pass": 4.0,
+        "passes": 4, "drafted_tokens": 16, "accepted_tokens": 12, "acceptance_rate": 0.75,
+        "tokens_per_pass": 4.0,
     }
     assert t.to_dict()["speculation"] == {"passes": 4, "drafted": 16, "accepted": 12}
