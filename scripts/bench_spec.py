@@ -109,6 +109,7 @@ def in_lab(model: Path, n_layers: int, args, rtts: list[float]) -> dict[float, l
         raise SystemExit(f"bench_spec: {reason}")
     spec = importlib.util.spec_from_file_location("bench_wan", ROOT / "scripts" / "bench_wan.py")
     wan = importlib.util.module_from_spec(spec)
+    sys.modules["bench_wan"] = wan  # its dataclasses look their module up while it loads
     spec.loader.exec_module(wan)
     out = {}
     with tempfile.TemporaryDirectory(prefix="bench-spec-") as root, Lab() as lab:
