@@ -5,7 +5,9 @@ row of the session, in order, as attention does: a replay that skipped, repeated
 would change every later output and the last span's sampled token with it, so a failover is correct
 only if the tokens equal a fault-free run. Like llama.cpp's CPU kernels, which round a step of many
 rows differently from steps of few, a `SpanPeer` also folds each step's row count into its layer
-states: a replay that regrouped recorded steps (`Forward.steps`) gives other tokens as well.
+states: a replay that regrouped recorded steps (`Forward.steps`) gives other tokens as well. A verify pass
+(`Forward.verify`) is answered with the token after every row, and `Forward.rewind` rolls a session
+back to the state it had at that position.
 
 Faults are scripted per peer: after a given number of Forward frames the peer dies (links reset,
 dials refused), freezes (nothing answers; the caller's timeout passes on the virtual clock), starts
@@ -59,7 +61,8 @@ class SpanPeer:
             "malformed", "hung" (blocks until the caller cancels), "lie" (hidden states answered
             with their low half shifted: a peer computing wrong), or "" (never).
         state: "up", "dead", "frozen", "leaving", "malformed", "hung" or "lie" now.
-        sessions: session id -> [next position, per-layer state of `sim.compute.run_layers`].
+        sessions: session id -> [next position, per-layer state of `sim.compute.run_layers`, that
+            state after each position so far (a `Forward.rewind` goes back to it)].
         forwards: Forward frames handled so far.
         incarnation: the `started_at` it announces; `restart` changes it.
         announced_sessions_free: a stale figure to announce instead of the true one (None: true).
@@ -127,18 +130,27 @@ class SpanPeer:
                 return Error(*refusal)
             if len(self.sessions) >= self.max_sessions:
                 return Error(ErrorCode.BUSY, f"all {self.max_sessions} session slots are in use")
-            self.sessions[session_id] = [0, [0] * (self.end - self.start)]
+            n = self.end - self.start
+            self.sessions[session_id] = [0, [0] * n, {0: [0] * n}]
             return OpenOk(frame.max_tokens)
         if isinstance(frame, Close):
             self.sessions.pop(session_id, None)
             return OpenOk(1)
         assert isinstance(frame, Forward)
-        pos, state = self.sessions[session_id]
+        session = self.sessions[session_id]
+        pos, state, history = session
+        if rules.rewinds(frame.pos0, frame.rewind, pos):
+            session[0] = pos = frame.pos0
+            state[:] = history[pos]
         if frame.pos0 != pos:
             return Error(ErrorCode.BAD_REQUEST, f"step starts at position {frame.pos0}, session is at {pos}")
         self.forwards += 1
-        out = np.concatenate([self._step(state, rows) for rows in split_steps(frame.hidden, frame.steps)])
-        self.sessions[session_id][0] = pos + frame.n_tokens
+        outs, at = [], pos
+        for rows in split_steps(frame.hidden, frame.steps):
+            outs.append(self._step(state, rows, history, at))
+            at += rows.shape[0]
+        out = np.concatenate(outs)
+        session[0] = pos + frame.n_tokens
         if self.state == "malformed":
             return Hidden(frame.step, np.zeros((1, 1), np.float32), 0.1)
         if self.state == "lie":
@@ -146,13 +158,20 @@ class SpanPeer:
             out[:, 1] = (out[:, 1] + 2**23) % 2**24
         if self.end < self.n_layers:
             return Hidden(frame.step, out, 1.0)
-        return Token(frame.step, token_of(out), 0.0, (), 1.0)
+        tokens = tuple(token_of(out[i : i + 1]) for i in range(frame.n_tokens)) if frame.verify else ()
+        return Token(frame.step, token_of(out), 0.0, (), 1.0, tokens=tokens)
 
-    def _step(self, state: list[int], rows: np.ndarray) -> np.ndarray:
-        out = run_layers(state, self.start, rows)
+    def _step(self, state: list[int], rows: np.ndarray, history: dict, pos0: int) -> np.ndarray:
+        """Run one step's rows, keeping the state after each row (`history[position after it]`),
+        where a rewind finds it: a rewind into a step keeps that step's rows as computed in it."""
+        out = []
+        for j in range(rows.shape[0]):
+            out.append(run_layers(state, self.start, rows[j : j + 1]))
+            history[pos0 + j + 1] = list(state)
         for i in range(len(state)):  # the step's row count shapes what comes after (module docstring)
             state[i] ^= rows.shape[0] << 1
-        return out
+        history[pos0 + rows.shape[0]] = list(state)
+        return np.concatenate(out)
 
     def after_forward(self) -> None:
         """Apply the scripted fault once `fault_after` Forward frames were handled."""

@@ -6,6 +6,7 @@ Packages and modules (see docs/architecture.md for the data flow):
     ggml_bridge/  span slicing, the C layer-span executor, exact token embedding
     kv/           KV-cache arithmetic, the session table of one span, prefix hashes and KV snapshots
     route/        pure route planning, chains, placement and failover policy over announced spans
+    spec/         speculative decoding: drafts, and what a verify pass over the route accepts
     dht/          hivemind DHT wrapper: identity, signed announcement and prefix-holdings records
     peer/         `swarm serve`: composition root, stream handler, step scheduler, announcer
     relay/        relayed streams for peers behind NATs: the relay service, registration, sealed handshake

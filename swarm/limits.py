@@ -35,6 +35,10 @@ MAX_FORWARD_TOKENS = 2048
 """Most rows one Forward frame may carry (our client sends 256 by default): a bigger prefill must come
 in several frames, so one frame's compute stays bounded and its chunks queue fairly."""
 
+MAX_VERIFY_ROWS = 64
+"""Most rows one verify pass may carry (`Forward.verify`): the last accepted token and up to 63
+drafted tokens; the last span answers one sampled token per row (`Token.tokens`)."""
+
 # ---- bounds the stream protocol (swarm/wire.py) shares with other checks ----------------------------
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024

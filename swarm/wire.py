@@ -60,6 +60,7 @@ from swarm.limits import (
     MAX_HIDDEN,
     MAX_LAYERS,
     MAX_PREFIX_OFFERS,
+    MAX_VERIFY_ROWS,
     MAX_VOCAB,
     PREFIX_HASH_BYTES,
 )
@@ -75,7 +76,8 @@ PROTOCOL_GENERATION = 6
 5: `Forward.sample` dropped: no peer read it (the last span always samples).
 6: `Chain.next_relay`, the next hop's relay addresses (a peer behind a NAT: swarm/relay); and
    receipts: `Hidden.receipt` and `Token.receipt`, the digest of the input rows the peer computed
-   (`receipt`), so a client can check a push chain end to end."""
+   (`receipt`), so a client can check a push chain end to end; and speculative decoding:
+   `Forward.verify` (the last span samples every row), `Token.tokens`, `OpenOk.verify_rows`."""
 
 RECEIPT_BYTES = 16
 """Size of a step's receipt (BLAKE2b-128 of its input rows)."""
@@ -456,6 +458,8 @@ class OpenOk(_Frame):
         restorable: offered prefix lengths this peer can restore (held, or fetched from another
             peer during Open), ascending, at most MAX_PREFIX_OFFERS.
         fetched_from: peer id of the holder the peer fetched a snapshot from for this Open ("": none).
+        verify_rows: rows of one session's step the span computes exactly as one-row steps (probed at
+            load, swarm/peer/exact_rows.py): the largest group a verify pass may be computed in.
     """
 
     reserved_tokens: int = _wire(_Int(1, MAX_CONTEXT_TOKENS))
@@ -463,6 +467,7 @@ class OpenOk(_Frame):
         _Seq(_Int(1, MAX_CONTEXT_TOKENS), MAX_PREFIX_OFFERS, "lengths", ascending=True), default=()
     )
     fetched_from: str = _wire(_Str(MAX_ID_CHARS), default="")
+    verify_rows: int = _wire(_Int(1, MAX_VERIFY_ROWS), default=1)
 
 
 @_frame("error")
@@ -496,6 +501,9 @@ class Forward(_Frame):
             come in a frame of its own. A client replaying a failed hop's recorded steps sends them
             so: llama.cpp rounds a matmul over many rows differently from one over a few (ggml-cpu
             picks its kernel by row count), so regrouped rows would give other KV and outputs.
+        verify: a verify pass of speculative decoding (swarm/spec/verify.py), at most
+            MAX_VERIFY_ROWS rows: the last span samples every row, row i as the token at position
+            pos0 + i + 1, and answers them all in `Token.tokens`; other spans pass it on as it came.
     """
 
     step: int = _wire(_Int(0, _U64))
@@ -509,9 +517,12 @@ class Forward(_Frame):
     steps: tuple[int, ...] = _wire(
         _Seq(_Int(1, MAX_CONTEXT_TOKENS), MAX_FORWARD_STEPS, "row counts"), default=()
     )
+    verify: bool = _wire(_Bool(), default=False)
 
     def _relate(self) -> None:
         rows = self.hidden.shape[0]
+        if self.verify and rows > MAX_VERIFY_ROWS:
+            raise ProtocolError(f"a verify pass carries at most {MAX_VERIFY_ROWS} rows, got {rows}")
         if self.steps and sum(self.steps) != rows:
             raise ProtocolError(f"field 'steps' sums to {sum(self.steps)} rows, the frame has {rows}")
         _int("pos0", self.pos0, 0, MAX_CONTEXT_TOKENS - rows)
@@ -556,6 +567,8 @@ class Token(_Frame):
         compute_ms: span compute time in ms.
         logits: `[rows, n_vocab]` float32 when the client asked (want_logits), else None.
         receipt: `receipt` of the input rows the peer computed (b"": none given).
+        tokens: answering a verify pass (`Forward.verify`): the token sampled after each of its rows,
+            the last one equal to `token`; else ().
     """
 
     step: int = _wire(_Int(0, _U64))
@@ -568,6 +581,11 @@ class Token(_Frame):
     compute_ms: float = _wire(_Float(0.0, 1e9))
     logits: np.ndarray | None = _wire(_Tensor(MAX_VOCAB, optional=True), default=None)
     receipt: bytes = _wire(_Bytes(RECEIPT_BYTES, or_empty=True), default=b"")
+    tokens: tuple[int, ...] = _wire(_Seq(_Int(0, MAX_VOCAB - 1), MAX_VERIFY_ROWS, "token ids"), default=())
+
+    def _relate(self) -> None:
+        if self.tokens and self.tokens[-1] != self.token:
+            raise ProtocolError("field 'tokens' must end with 'token'")
 
 
 @_frame("truncate")

@@ -234,7 +234,8 @@ async def _respond(
 ):
     """Start the generation and answer it, streamed or whole; record its metrics when it ends."""
     job = service.start(
-        tokens, max_tokens, body.temperature, body.top_p, body.top_k, body.seed, body.stop_strings()
+        tokens, max_tokens, body.temperature, body.top_p, body.top_k, body.seed, body.stop_strings(),
+        speculate=body.speculate or 0,
     )
     metrics.in_flight.inc()
     finished = False
@@ -295,7 +296,8 @@ async def _events(job: GenerationJob, first, answer: _Answer, include_usage: boo
                 reason = event.result.telemetry.finish_reason or "stop"
                 yield {"data": answer.finish(reason)}
                 if include_usage:
-                    yield {"data": answer.usage_chunk(oa.usage(n_prompt, len(event.result.tokens)))}
+                    used = oa.usage(n_prompt, len(event.result.tokens), event.result.telemetry.speculation)
+                    yield {"data": answer.usage_chunk(used)}
                 yield {"data": "[DONE]"}
                 done(reason)
                 return
@@ -327,4 +329,5 @@ async def _whole(job: GenerationJob, first, answer: _Answer, n_prompt: int, requ
     result = event.result
     reason = result.telemetry.finish_reason or "stop"
     done(reason)
-    return JSONResponse(answer.whole(result.text, reason, oa.usage(n_prompt, len(result.tokens))))
+    used = oa.usage(n_prompt, len(result.tokens), result.telemetry.speculation)
+    return JSONResponse(answer.whole(result.text, reason, used))

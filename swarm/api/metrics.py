@@ -82,6 +82,10 @@ class ApiMetrics:
         self.peer_failovers = Counter(
             "swarm_api_peer_failovers", "Hops replaced mid-generation", ["peer", "reason"], registry=r
         )
+        self.speculation = Counter(
+            "swarm_api_speculation", "Speculative decoding: verify passes, drafted and accepted tokens",
+            ["kind"], registry=r,
+        )
         r.register(_StatusCollector(status))
 
     def observe(
@@ -124,6 +128,11 @@ class ApiMetrics:
                 )
         for f in telemetry.failovers:
             self.peer_failovers.labels(f.peer_id, f.reason).inc()
+        if telemetry.speculation is not None:
+            spec = telemetry.speculation
+            self.speculation.labels("passes").inc(spec.passes)
+            self.speculation.labels("drafted").inc(spec.drafted)
+            self.speculation.labels("accepted").inc(spec.accepted)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

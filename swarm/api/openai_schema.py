@@ -3,7 +3,9 @@
 Requests accept the fields the official `openai` client sends; fields that change nothing here
 (`user`, `frequency_penalty` at 0, ...) are ignored, fields whose meaning this server cannot honour
 (`n` other than 1, `logprobs`, `echo`, `suffix`, tools) are refused with a 400. Sampling values
-are checked again by `swarm.sampling.SamplingParams` when the generation starts.
+are checked again by `swarm.sampling.SamplingParams` when the generation starts. Extension:
+`speculate` (drafted tokens per verify pass) turns speculative decoding on; its counts come back in
+`usage.speculation`.
 
 This module does not tokenize, generate or do I/O.
 """
@@ -15,6 +17,9 @@ import uuid
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from swarm.limits import MAX_VERIFY_ROWS
+from swarm.spec.verify import Acceptance
 
 MAX_STOP_STRINGS = 16
 """Stop strings one request may give (OpenAI allows 4; llama-server more)."""
@@ -73,6 +78,11 @@ class _Request(BaseModel):
     stream: bool = False
     stream_options: dict | None = None
     logprobs: bool | int | None = None
+    speculate: int | None = Field(
+        default=None, ge=0, lt=MAX_VERIFY_ROWS,
+        description="extension: speculative decoding with up to this many drafted tokens per verify "
+                    "pass (0 or absent: off); the text is the same as without it",
+    )
 
     @field_validator("n")
     @classmethod
@@ -189,19 +199,33 @@ class CompletionRequest(_Request):
 
 
 class Usage(BaseModel):
-    """Token counts of one request: prompt tokens as tokenized here, generated tokens."""
+    """Token counts of one request: prompt tokens as tokenized here, generated tokens; a request
+    that speculated also gets the extension `speculation` (`usage`)."""
+
+    model_config = ConfigDict(extra="allow")
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
-    """A `Usage` with the total filled in."""
+def usage(prompt_tokens: int, completion_tokens: int, speculation: Acceptance | None = None) -> Usage:
+    """A `Usage` with the total filled in, and with speculation's counts when the request speculated:
+    `{"passes", "drafted_tokens", "accepted_tokens", "acceptance_rate", "tokens_per_pass"}`."""
+    extra = {}
+    if speculation is not None:
+        extra["speculation"] = {
+            "passes": speculation.passes,
+            "drafted_tokens": speculation.drafted,
+            "accepted_tokens": speculation.accepted,
+            "acceptance_rate": round(speculation.rate, 4),
+            "tokens_per_pass": round(speculation.tokens_per_pass, 4),
+        }
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        **extra,
     )
 
 

@@ -183,6 +183,7 @@ class ModelService:
         top_k: int | None,
         seed: int | None,
         stop: tuple[str, ...],
+        speculate: int = 0,
     ) -> GenerationJob:
         """Start generating after `tokens` on a worker thread (call on the event loop).
 
@@ -192,6 +193,7 @@ class ModelService:
             temperature, top_p, top_k: sampling (None: 1.0, 1.0, 0); temperature 0 is greedy.
             seed: sampling seed; None draws one (each request samples differently, as OpenAI's do).
             stop: strings that end the text (not included).
+            speculate: drafted tokens per verify pass (0: no speculative decoding).
         Raises:
             ApiError: 413 past the 131,072-token cap, 400 `context_length_exceeded` past the model's
                 context, 400 for bad sampling values.
@@ -223,6 +225,7 @@ class ModelService:
                 top_k=top_k or 0,
                 seed=random.getrandbits(63) if seed is None else seed,
                 stop=stop,
+                speculate=speculate,
             )
         except RequestError as e:
             raise ApiError(400, str(e)) from None

@@ -28,6 +28,8 @@ def register(sub) -> None:
     c.add_argument("--top-k", type=int, default=0)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--threads", type=int, default=None, help="compute threads (--local)")
+    c.add_argument("--speculate", type=int, default=0, metavar="K",
+                   help="speculative decoding with up to K drafted tokens per pass (swarm only; same text)")
     c.add_argument("--raw", action="store_true", help="send --prompt as is, without the chat template")
     c.add_argument(
         "--json", action="store_true", help="one-shot: print text and telemetry as one JSON object"
@@ -38,7 +40,7 @@ def register(sub) -> None:
 def _chat(args) -> int:
     from swarm.client.api import Client
     from swarm.errors import RequestError
-    from swarm.limits import MAX_CONTEXT_TOKENS
+    from swarm.limits import MAX_CONTEXT_TOKENS, MAX_VERIFY_ROWS
     from swarm.sampling import SamplingParams
 
     sampling = dict(
@@ -47,6 +49,7 @@ def _chat(args) -> int:
         top_p=args.top_p,
         top_k=args.top_k,
         seed=args.seed,
+        speculate=args.speculate,
     )
     # Bad values fail here, before a model loads or a DHT node starts; the engine checks them again.
     SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
@@ -57,6 +60,11 @@ def _chat(args) -> int:
             f"max_new_tokens ({args.max_new_tokens}) exceeds the product's hard cap of "
             f"{MAX_CONTEXT_TOKENS} tokens per session (prompt included)"
         )
+    if not 0 <= args.speculate < MAX_VERIFY_ROWS:
+        raise RequestError(f"--speculate must be in [0, {MAX_VERIFY_ROWS - 1}], got {args.speculate}")
+    if args.speculate and args.local:
+        raise RequestError("--speculate runs on the swarm: speculative decoding saves round trips "
+                           "over the route")
     if args.prompt is not None:
         _check_prompt(args.prompt)
     client = Client(args.model, local=args.local, initial_peers=args.initial_peers, n_threads=args.threads)

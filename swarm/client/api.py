@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from swarm.client.generate import Generation, GenerationRequest, TokenStream
+from swarm.client.generate import Generation, GenerationRequest, Speculation, TokenStream
 from swarm.client.text import check_utf8
 from swarm.client.tokenizer import Tokenizer
 from swarm.errors import RequestError
 from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.models import DEFAULT_MODEL, resolve_model
 from swarm.sampling import SamplingParams
+from swarm.spec.draft import Draft, PromptLookup
 
 
 class Client:
@@ -28,6 +29,8 @@ class Client:
         n_threads: llama.cpp compute threads (local only); default all cores.
         n_ctx: KV-cache tokens (local only); default the model's context, capped at 131,072.
         prefill_chunk_tokens: prompt tokens per prefill frame (swarm only).
+        verify_group_rows: rows per step of a speculative verify pass (swarm/spec/verify.py); None
+            (default): the largest group the route's peers proved exact at load.
     Raises:
         ModelError: the model cannot be found, fetched or loaded.
         NoRoute: (swarm) no chain of peers covers every layer.
@@ -42,8 +45,10 @@ class Client:
         n_threads: int | None = None,
         n_ctx: int | None = None,
         prefill_chunk_tokens: int = 256,
+        verify_group_rows: int | None = None,
     ):
         self.local = local
+        self.verify_group_rows = verify_group_rows
         if local:
             from swarm.client.local import LocalEngine, open_local_model
 
@@ -68,10 +73,13 @@ class Client:
         top_k: int = 0,
         seed: int = 0,
         stop: Sequence[str] = (),
+        speculate: int = 0,
     ) -> TokenStream:
         """Generate from a plain prompt, yielding text deltas as tokens arrive.
 
         Each delta decodes as UTF-8 on its own; they concatenate to `.result.text`.
+        `speculate` k > 0 (swarm only): speculative decoding with up to k drafted tokens per verify
+        pass (swarm/spec/); the text is the same as without it, token for token.
         Raises:
             RequestError: empty prompt, text that is not valid UTF-8 (a lone surrogate, or bytes
                 that were not UTF-8), max_new_tokens not an integer >= 1, bad sampling values
@@ -80,7 +88,8 @@ class Client:
         if not isinstance(prompt, str) or not prompt:
             raise RequestError("empty prompt")
         return self._stream(
-            self.tokenizer.encode(prompt), max_new_tokens, temperature, top_p, top_k, seed, stop
+            self.tokenizer.encode(prompt), max_new_tokens, temperature, top_p, top_k, seed, stop,
+            speculate,
         )
 
     def generate(
@@ -92,9 +101,10 @@ class Client:
         top_k: int = 0,
         seed: int = 0,
         stop: Sequence[str] = (),
+        speculate: int = 0,
     ) -> Generation:
         """Generate from a plain prompt; return text, token ids and Generation Telemetry."""
-        return self.stream(prompt, max_new_tokens, temperature, top_p, top_k, seed, stop).run()
+        return self.stream(prompt, max_new_tokens, temperature, top_p, top_k, seed, stop, speculate).run()
 
     def chat_stream(
         self,
@@ -105,10 +115,12 @@ class Client:
         top_k: int = 0,
         seed: int = 0,
         stop: Sequence[str] = (),
+        speculate: int = 0,
     ) -> TokenStream:
         """Like `stream`, for chat messages rendered with the model's chat template."""
         return self._stream(
-            self.tokenizer.chat_prompt(messages), max_new_tokens, temperature, top_p, top_k, seed, stop
+            self.tokenizer.chat_prompt(messages), max_new_tokens, temperature, top_p, top_k, seed, stop,
+            speculate,
         )
 
     def chat(
@@ -120,9 +132,12 @@ class Client:
         top_k: int = 0,
         seed: int = 0,
         stop: Sequence[str] = (),
+        speculate: int = 0,
     ) -> Generation:
         """Answer chat `messages` ([{"role": ..., "content": ...}]); return the finished generation."""
-        return self.chat_stream(messages, max_new_tokens, temperature, top_p, top_k, seed, stop).run()
+        return self.chat_stream(
+            messages, max_new_tokens, temperature, top_p, top_k, seed, stop, speculate
+        ).run()
 
     @property
     def context_limit(self) -> int:
@@ -138,13 +153,18 @@ class Client:
         top_k: int = 0,
         seed: int = 0,
         stop: Sequence[str] = (),
+        speculate: int = 0,
     ) -> TokenStream:
         """Like `stream`, from prompt token ids (e.g. `self.tokenizer.chat_prompt(messages)`).
 
         Raises:
             RequestError: as `stream` (no tokens, bad sampling values, over the context).
         """
-        return self._stream(list(tokens), max_new_tokens, temperature, top_p, top_k, seed, stop)
+        return self._stream(list(tokens), max_new_tokens, temperature, top_p, top_k, seed, stop, speculate)
+
+    def _draft(self) -> Draft:
+        """A new draft for one generation."""
+        return PromptLookup()
 
     def close(self) -> None:
         """Release the swarm connection (a no-op for the local backend)."""
@@ -167,6 +187,7 @@ class Client:
         top_k: int,
         seed: int,
         stop: Sequence[str],
+        speculate: int = 0,
     ) -> TokenStream:
         if isinstance(stop, (str, bytes)):
             raise RequestError("stop must be a list of strings")
@@ -175,5 +196,9 @@ class Client:
         except TypeError:
             raise RequestError("stop must be a list of strings") from None
         sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        req = GenerationRequest(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop))
+        speculation = None
+        if speculate:
+            speculation = Speculation(self._draft(), k=speculate, group_rows=self.verify_group_rows)
+        req = GenerationRequest(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop),
+                                speculation=speculation)
         return TokenStream(self._engine, self.tokenizer, tokens, req, backend=self._backend)

@@ -4,6 +4,11 @@ An engine turns tokens into sampled next tokens (`prefill` for the prompt, `deco
 time); this module owns everything else of a request: validating it against the context limits,
 turning tokens into UTF-8-safe text deltas, stop strings and end-of-generation tokens, timing and
 the Generation Telemetry record. It does not know where the engine computes.
+
+Speculative decoding (`GenerationRequest.speculation`): before each decode step the loop asks the
+draft for up to k tokens (`swarm.spec.verify.draft_budget`); with a draft, the engine session's
+`verify` checks them in one pass and yields 1..k+1 tokens, each the token plain decoding would have
+produced; without one, it decodes one token. Only engine sessions with `verify` (the swarm's) can.
 """
 
 from __future__ import annotations
@@ -16,8 +21,27 @@ from typing import Protocol
 from swarm.client.telemetry import GenerationTelemetry
 from swarm.client.text import DeltaDecoder
 from swarm.errors import RequestError
-from swarm.limits import MAX_CONTEXT_TOKENS
+from swarm.limits import MAX_CONTEXT_TOKENS, MAX_VERIFY_ROWS
 from swarm.sampling import SamplingParams
+from swarm.spec.draft import Draft
+from swarm.spec.verify import Acceptance, draft_budget
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How a request speculates.
+
+    Attributes:
+        draft: proposes the tokens (one Draft per generation: a draft model keeps state).
+        k: drafted tokens per verify pass at most (1..MAX_VERIFY_ROWS - 1).
+        group_rows: rows per step of a verify pass (swarm/spec/verify.py `verify_steps`); None: the
+            largest group every hop proved exact at load (each row computes as its decode step would,
+            bit for bit); 1: one-row steps; more: faster, exact only where the kernels allow.
+    """
+
+    draft: Draft
+    k: int = 4
+    group_rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -28,11 +52,13 @@ class GenerationRequest:
         max_new_tokens: tokens to generate at most (>= 1).
         sampling: temperature / top-p / top-k / seed; temperature 0 is greedy.
         stop: strings that end generation (not included in the text).
+        speculation: speculative decoding, or None (off).
     """
 
     max_new_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
+    speculation: Speculation | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +82,14 @@ class EngineSession(Protocol):
 
     def close(self) -> None:
         """Release the session (idempotent; always called, also after errors and interrupts)."""
+
+
+class SpeculativeSession(EngineSession, Protocol):
+    """An engine session that can verify a draft in one pass (the swarm's)."""
+
+    def verify(self, token: int, draft: Sequence[int], group_rows: int | None) -> list[StepResult]:
+        """Append `token` and the drafted tokens, keep the drafted tokens up to the first one plain
+        decoding would not have produced, and return the kept ones plus the next sampled token."""
 
 
 class Engine(Protocol):
@@ -110,6 +144,18 @@ def check_request(n_prompt_tokens: int, req: GenerationRequest, context_limit: i
         raise RequestError(f"max_new_tokens must be an integer, got {req.max_new_tokens!r:.40}")
     if req.max_new_tokens < 1:
         raise RequestError(f"max_new_tokens must be >= 1 (got {req.max_new_tokens})")
+    spec = req.speculation
+    if spec is not None:
+        if not isinstance(spec.k, int) or not 1 <= spec.k < MAX_VERIFY_ROWS:
+            raise RequestError(
+                f"speculation k must be an integer in [1, {MAX_VERIFY_ROWS - 1}], got {spec.k!r}"
+            )
+        if spec.group_rows is not None and (not isinstance(spec.group_rows, int) or spec.group_rows < 1):
+            raise RequestError(
+                f"speculation group_rows must be None or an integer >= 1, got {spec.group_rows!r}"
+            )
+        if req.sampling.logprobs or req.sampling.n_top_logprobs:
+            raise RequestError("speculative decoding does not return log-probs: turn one of them off")
     limit = min(context_limit, MAX_CONTEXT_TOKENS)
     total = n_prompt_tokens + req.max_new_tokens
     if total > limit:
@@ -159,8 +205,8 @@ class TokenStream:
             len(self._prompt) + self._req.max_new_tokens, self._req.sampling, self.telemetry
         )
         try:
-            step = session.prefill(self._prompt)
-            while True:
+            steps = self._steps(session)
+            for step in steps:
                 now = time.perf_counter()
                 if not self.tokens:
                     self.telemetry.ttft_ms = (now - t0) * 1000.0
@@ -179,7 +225,6 @@ class TokenStream:
                 if len(self.tokens) >= self._req.max_new_tokens:
                     self.telemetry.finish_reason = "length"
                     break
-                step = session.decode(step.token)
         finally:
             session.close()
         tail = decoder.finish()
@@ -187,6 +232,30 @@ class TokenStream:
             yield tail
         self.telemetry.finalize((time.perf_counter() - t0) * 1000.0)
         self.result = Generation(text=decoder.text, tokens=list(self.tokens), telemetry=self.telemetry)
+
+    def _steps(self, session: EngineSession) -> Iterator[StepResult]:
+        """The sampled tokens in order: the prefill's, then by decode steps or verify passes. Each
+        is taken into `self.tokens` before the next is asked for (the draft reads them)."""
+        spec = self._req.speculation
+        verify = getattr(session, "verify", None) if spec is not None else None
+        if spec is not None:
+            if verify is None:
+                raise RequestError(f"the {self.telemetry.backend} backend cannot verify drafts: "
+                                   "speculative decoding runs on the swarm")
+            self.telemetry.speculation = Acceptance()
+        step = session.prefill(self._prompt)
+        yield step
+        while True:
+            k = draft_budget(spec.k, len(self.tokens), self._req.max_new_tokens) if spec else 0
+            draft = spec.draft.propose(self._prompt + self.tokens, k)[:k] if k else []
+            if not draft:
+                step = session.decode(step.token)
+                yield step
+                continue
+            new = verify(step.token, draft, spec.group_rows)
+            self.telemetry.speculation.add(len(draft), len(new) - 1)
+            for step in new:
+                yield step
 
     def run(self) -> Generation:
         """Consume the stream and return the finished generation."""

@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from swarm.artifacts.distribute import acquire, client_ranges
@@ -43,6 +44,7 @@ from swarm.models import cache_dir, is_model_id, resolve_model
 from swarm.route.failover import Exclusions, FailoverPolicy
 from swarm.route.verify import CheckPolicy, Standing, band_for, quant_type
 from swarm.sampling import SamplingParams
+from swarm.spec.verify import accepted
 
 CALL_TIMEOUT_S = 900.0
 """Outer bound on one synchronous call into the loop; every await inside has its own, shorter one."""
@@ -178,6 +180,20 @@ class RemoteSession:
         """Send one token's hidden state through the route; return the next sampled token."""
         t = self._loop.run(self.route.step(self._embedder.embed([token])), CALL_TIMEOUT_S)
         return StepResult(token=t.token, logprob=t.logprob, top=t.top)
+
+    def verify(self, token: int, draft: Sequence[int], group_rows: int | None) -> list[StepResult]:
+        """Send `token` and the drafted tokens as one verify pass in steps of `group_rows` rows (None:
+        the route's proven exact group; swarm/spec/verify.py); keep the accepted rows on every hop.
+        Returns the kept drafted tokens and the next sampled token (1..len(draft)+1, no log-probs)."""
+        x = self._embedder.embed([token, *draft])
+        new = self._loop.run(self._verify(x, list(draft), group_rows), CALL_TIMEOUT_S)
+        return [StepResult(token=t) for t in new]
+
+    async def _verify(self, x, draft: list[int], group_rows: int | None) -> list[int]:
+        t = await self.route.step(x, verify=True, group_rows=group_rows)
+        new = accepted(draft, t.tokens)
+        self.route.keep(len(new))
+        return new
 
     def close(self) -> None:
         """Close the route's sessions on every peer (idempotent)."""

@@ -42,7 +42,16 @@ only the rows after the longest prefix it can restore at or after the failed hop
 row; when it can restore none of them (the failed hop's rows before that were never recorded), the
 whole route is re-opened and replayed from the prompt's embedded rows (`prefix_rows`).
 
-This module does not: read the DHT, encode frames to bytes, embed tokens or sample. It is one
+Speculative decoding: `step(x, verify=True)` sends a verify pass (swarm/spec/verify.py), whose
+last hop answers one sampled token per row, and `keep(n)` then keeps only the pass's first n rows:
+the recorded inputs of every hop are cut to them (a replacement replays exactly the kept rows), and
+the next step goes out with `Forward.rewind`, so each hop rolls the rejected rows back before it
+computes (no round trip of its own). By default a pass is computed in groups of the route's
+`verify_rows` (the smallest group every hop proved exact at load, swarm/peer/exact_rows.py), so each
+row's output is the one-row step's, bit for bit, and the rows are recorded as one-row steps: a
+replacement replays them exactly whatever group it proved.
+
+This module does not: read the DHT, encode frames to bytes, embed tokens, draft or sample. It is one
 concern (one generation's route and its failover) and stays one file past the house's ~400 lines:
 its steps, chaining and failover share one route's state, and every decision is already in route/.
 """
@@ -65,9 +74,10 @@ from swarm.route.failover import (
 )
 from swarm.route.ladder import NoRouteAction, after_no_route, plan_fresh
 from swarm.route.plan import Hop, PeerSpan, layer_ranges, plan_route
-from swarm.route.replay import clip_steps, replay_frames, split_steps
+from swarm.route.replay import clip_steps, drop_rows, replay_frames, split_steps
 from swarm.route.restore import CannotRestore, rebuild_rows, restore_point
 from swarm.sampling import SamplingParams
+from swarm.spec.verify import verify_steps
 from swarm.wire import (
     MAX_CHAIN_ADDRS, MAX_FORWARD_STEPS, Chain, Error, Forward, Frame, Hidden, Open, OpenOk, Token, receipt,
 )
@@ -109,6 +119,8 @@ class _Hop:
     """Position of the first recorded input row (the restored prefix length)."""
     pending_restore: int = 0
     """Prefix length to restore with the hop's first Forward (0: none, or already done)."""
+    verify_rows: int = 1
+    """Rows of one step the peer computes exactly as one-row steps (`OpenOk.verify_rows`)."""
 
     @property
     def peer_id(self) -> str:
@@ -165,6 +177,9 @@ class RouteSession:
         self._links: set[HopLink] = set()
         self._closing: set[asyncio.Future] = set()
         self._step = 0
+        self._last_pos0 = 0
+        self._stale = False
+        """Hops may hold rows past `pos` (a verify pass's rejected rows): the next step rewinds."""
         self.pos = 0
         """Tokens every hop holds: the next step starts at this position."""
         self.restored_tokens = 0
@@ -208,28 +223,40 @@ class RouteSession:
         self.restored_tokens = self.pos
         self.telemetry.reused_tokens = self.pos
 
-    async def step(self, x: np.ndarray) -> Token:
+    @property
+    def verify_rows(self) -> int:
+        """The largest verify group every hop of the route computes exactly as one-row steps."""
+        return min((h.verify_rows for h in self._hops), default=1)
+
+    async def step(self, x: np.ndarray, *, verify: bool = False, group_rows: int | None = None) -> Token:
         """Run `x` (`[n, hidden]` float32, positions pos..pos+n-1) through every hop.
 
         A failed hop is replaced and replayed, and the step continues (see the module docstring).
+        Args:
+            x: the rows.
+            verify: a verify pass (`Forward.verify`): the Token carries one sampled token per row.
+            group_rows: a verify pass's rows per step (`Forward.steps`, recorded as such for replay);
+                None: the route's `verify_rows`, recorded as one-row steps (they compute as such).
         Returns:
-            Token: the last hop's sampled token after the last row.
+            Token: the last hop's sampled token after the last row (`tokens`: after every row).
         Raises:
             SwarmError: more than policy.max_failovers failovers, or no replacement for a failed hop.
         """
         await self._apply_checks()
         pos0, i, x0 = self.pos, 0, x
         pushed_step: int | None = None  # the step hop i's input was pushed with (None: send it)
-        rewind = push = False
+        rewind, push = self._stale, False
+        steps, record = self._verify_steps(x.shape[0], verify, group_rows)
         while i < len(self._hops):
             hop, t_start = self._hops[i], self._now()
             try:
                 if pushed_step is None:
                     # a hop that restores a prefix first must be sent its step: a pushed frame cannot say so
                     push = self.chained and not any(h.pending_restore for h in self._hops)
-                    reply = await self._forward(hop, pos0, x, push=push, rewind=rewind)
+                    reply = await self._forward(hop, pos0, x, push=push, rewind=rewind, steps=steps,
+                                                verify=verify)
                 else:
-                    reply = await self._pushed_reply(hop, pushed_step, x.shape)
+                    reply = await self._pushed_reply(hop, pushed_step, x.shape, verify)
                     if reply.receipt and reply.receipt != receipt(x):
                         self._chain_broken(i)  # it computed other rows than the pusher says it sent
                         pushed_step, rewind = None, True
@@ -240,10 +267,12 @@ class RouteSession:
                 else:
                     rewind = True  # later hops may hold this step already, from a push before the failure
                 pushed_step = None
+                steps, record = self._verify_steps(x.shape[0], verify, group_rows)  # new hops, new group
                 continue
-            hop.inputs.append(x)
+            hop.inputs.extend(split_steps(x, record))
             if isinstance(reply, Token):
-                self.pos += x.shape[0]
+                self._last_pos0, self.pos = pos0, pos0 + x.shape[0]
+                self._stale = False
                 if self.checks is not None:
                     self.checks.after_step(x.shape[0], self._check_records)
                 return reply
@@ -252,6 +281,33 @@ class RouteSession:
             # a push that failed half-way may still have reached the next hop: relay with rewind
             rewind = rewind or (push and pushed_step is None)
         raise NoRoute("the route has no hops")
+
+    def _verify_steps(
+        self, n: int, verify: bool, group_rows: int | None
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(the steps a step of n rows is sent as, the steps it is recorded as): see `step`."""
+        if not verify:
+            return (), ()
+        steps = verify_steps(n, group_rows or self.verify_rows)
+        return steps, (steps if group_rows else (1,) * n)
+
+    def keep(self, n: int) -> None:
+        """Keep only the first `n` rows of the last step (a verify pass): `pos` goes back to where
+        they end, every hop's recorded inputs are cut there, and the next step rolls the hops back
+        (`Forward.rewind`) before computing.
+
+        Raises:
+            ValueError: n < 1 or more rows than the last step had.
+        """
+        n_last = self.pos - self._last_pos0
+        if not 1 <= n <= n_last:
+            raise ValueError(f"keep {n} rows of a step of {n_last}")
+        new_pos = self._last_pos0 + n
+        if new_pos == self.pos:
+            return
+        for hop in self._hops:
+            drop_rows(hop.inputs, self.pos - new_pos)
+        self.pos, self._stale = new_pos, True
 
     async def close(self) -> None:
         """Close every link this session opened, half-opened ones too, and drop recorded inputs;
@@ -269,31 +325,36 @@ class RouteSession:
 
     async def _forward(
         self, hop: _Hop, pos0: int, x: np.ndarray, push: bool = False, rewind: bool = False,
-        steps: tuple[int, ...] = (),
+        steps: tuple[int, ...] = (), verify: bool = False,
     ) -> Hidden | Token:
         last = hop.span.end == self.spec.n_layers
         frame = Forward(step=self._step, pos0=pos0, hidden=x, restore=hop.pending_restore,
-                        push=push and not last, rewind=rewind and not hop.pending_restore, steps=steps)
+                        push=push and not last, rewind=rewind and not hop.pending_restore, steps=steps,
+                        verify=verify)
         self._step += 1
         reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy, steps))
         hop.pending_restore = 0
-        reply = self._checked(hop, reply, x.shape)
+        reply = self._checked(hop, reply, x.shape, verify)
         if reply.receipt and reply.receipt != receipt(x):
             raise _HopFailed(
                 hop.span, ProtocolError(f"peer {hop.peer_id[:12]}… answered with the receipt of other rows")
             )
         return reply
 
-    async def _pushed_reply(self, hop: _Hop, step: int, shape: tuple[int, ...]) -> Hidden | Token:
+    async def _pushed_reply(
+        self, hop: _Hop, step: int, shape: tuple[int, ...], verify: bool
+    ) -> Hidden | Token:
         """The answer of `hop` to the step the previous hop pushed to it."""
         t0 = self._now()
         reply = await self._receive(hop, step, step_timeout_s(hop.span, shape[0], self.policy), t0)
         hop.telemetry.pushed_steps += 1
-        return self._checked(hop, reply, shape)
+        return self._checked(hop, reply, shape, verify)
 
-    def _checked(self, hop: _Hop, reply: Frame, shape: tuple[int, ...]) -> Hidden | Token:
+    def _checked(
+        self, hop: _Hop, reply: Frame, shape: tuple[int, ...], verify: bool = False
+    ) -> Hidden | Token:
         last = hop.span.end == self.spec.n_layers
-        if (last and isinstance(reply, Token)) or (
+        if (last and isinstance(reply, Token) and len(reply.tokens) == (shape[0] if verify else 0)) or (
             not last and isinstance(reply, Hidden) and reply.hidden.shape == shape
         ):
             return reply
@@ -604,6 +665,7 @@ class RouteSession:
             await self._drop(link)
             raise
         hop.restorable = frozenset(reply.restorable)
+        hop.verify_rows = hop.telemetry.verify_rows = reply.verify_rows
         hop.telemetry.fetched_from = reply.fetched_from
         return hop
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from swarm.spec.verify import Acceptance
+
 
 @dataclass
 class HopTelemetry:
@@ -31,6 +33,8 @@ class HopTelemetry:
             push: the client only read the answer).
         skipped_replies: answers to steps the client had given up on (a push that raced a failover
             upstream), read and dropped.
+        verify_rows: rows of one step the peer computes exactly as one-row steps (`OpenOk.verify_rows`):
+            speculative verify passes go in groups of the route's smallest.
     """
 
     peer_id: str
@@ -47,6 +51,7 @@ class HopTelemetry:
     direct_error: str = ""
     pushed_steps: int = 0
     skipped_replies: int = 0
+    verify_rows: int = 1
 
 
 @dataclass
@@ -132,6 +137,7 @@ class GenerationTelemetry:
         finish_reason: "stop" (end of sequence or stop string), "length" (max_new_tokens).
         reused_tokens: prompt tokens restored from prefix snapshots on every hop (not computed).
         checks: spot checks of the route's hops, with the evidence of any peer caught.
+        speculation: verify passes, drafted and accepted tokens when the request speculated, else None.
     """
 
     backend: str
@@ -147,6 +153,7 @@ class GenerationTelemetry:
     finish_reason: str = ""
     reused_tokens: int = 0
     checks: list[CheckEvent] = field(default_factory=list)
+    speculation: Acceptance | None = None
 
     def finalize(self, total_ms: float) -> None:
         """Fill `total_ms` and `decode_tokens_per_s` from the per-token latencies."""
@@ -169,6 +176,10 @@ class GenerationTelemetry:
         )
         if self.reused_tokens:
             line += f", {self.reused_tokens} prompt tokens reused"
+        if self.speculation is not None:
+            s = self.speculation
+            line += (f", speculation: {s.accepted}/{s.drafted} drafted tokens accepted "
+                     f"({s.rate:.0%}), {s.tokens_per_pass:.2f} tokens per pass")
         for f in self.failovers:
             line += (
                 f"\n  failover [{f.start}:{f.end}) {f.peer_id[:12]}… ({f.reason}) "

@@ -14,6 +14,8 @@ Files:
     push.py      server push: a chained session's stream to its next hop, push streams from the previous
     scheduler.py a span's executor work: decode steps of many sessions batched, prefills cut into
                  fair chunks, inline or threaded by measured cost
+    exact_rows.py the verify group of a span: rows of one session's step computed exactly as one-row
+                 steps, probed at load (speculative decoding)
     announce.py  the span's DHT announcement: periodic refresh, withdrawal on shutdown
     metrics.py   `--metrics-port`: Prometheus metrics of the span (sessions, frames, reply latency)
     rebalance.py a peer's periodic re-evaluation of its span: drain, then move, when placement says so

@@ -2,8 +2,9 @@
 
 A stream carries one session from `Open` to `Close`: the handler admits it into the span
 (swarm/peer/span.py), then answers each `Forward` with `Hidden` (or `Token` on the last span, which
-samples), each with the receipt of the rows it computed (`swarm.wire.receipt`), applies `Truncate`
-and `Chain`, and releases the session when the stream ends for any
+samples; a verify pass of speculative decoding, `Forward.verify`, gets one sampled token per row),
+each with the receipt of the rows it computed (`swarm.wire.receipt`), applies `Truncate` and `Chain`,
+and releases the session when the stream ends for any
 reason. A bad frame or bad request gets an `Error` frame; request errors keep the session open,
 protocol errors end this stream only. Other sessions never notice. Which Open is refused, and in
 what order, is `swarm.peer.rules.open_refusal`.
@@ -186,7 +187,8 @@ async def _open(span: Span, stream: FramedStream) -> tuple[SessionSlot, Sampling
         prefixes.restorable, fetched = await span.prefixes.prepare(prefixes.offers)
         fetched_from = fetched.peer_id if fetched is not None else ""
     restorable = rules.restorable_lengths(frame.prefixes, prefixes.restorable)
-    ok = OpenOk(reserved_tokens=slot.reserved_tokens, restorable=restorable, fetched_from=fetched_from)
+    ok = OpenOk(reserved_tokens=slot.reserved_tokens, restorable=restorable, fetched_from=fetched_from,
+                verify_rows=span.verify_rows)
     await stream.send(encode_frame(ok))
     return slot, frame.sampling, prefixes
 
@@ -199,7 +201,8 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
             raise RequestError(why)
         if rules.rewinds(frame.pos0, frame.rewind, slot.pos):
             await span.truncate(slot, frame.pos0)
-        all_logits = frame.want_logits and frame.all_logits
+        # a verify pass samples every row on the last span, so it needs every row's logits
+        all_logits = (frame.want_logits and frame.all_logits) or (frame.verify and span.is_last)
         restore = (frame.restore, prefixes.restorable.get(frame.restore)) if frame.restore else None
         reply = await span.forward(slot, frame.pos0, frame.hidden, all_logits=all_logits, steps=frame.steps,
                                    finish=lambda out: _reply(span, frame, out, session.sampling, streams.liar),
@@ -230,12 +233,20 @@ def _reply(span: Span, frame: Forward, r: StepOutput, sampling: SamplingParams,
         return Hidden(step=frame.step, hidden=out, compute_ms=r.compute_ms, receipt=receipt(frame.hidden))
     t0 = time.perf_counter()
     s = sample(r.out[-1], sampling, position=frame.pos0 + frame.n_tokens)
+    tokens: tuple[int, ...] = ()
+    if frame.verify:  # row i as the decode step at position pos0 + i would sample it (swarm/spec/verify.py)
+        tokens = tuple(sample(row, sampling, position=frame.pos0 + i + 1).token
+                       for i, row in enumerate(r.out[:-1])) + (s.token,)
+    logits = None
+    if frame.want_logits:
+        logits = r.out if frame.all_logits else r.out[-1:]
     return Token(
         step=frame.step,
         token=s.token,
         logprob=s.logprob,
         top=s.top,
         compute_ms=r.compute_ms + (time.perf_counter() - t0) * 1000.0,
-        logits=r.out if frame.want_logits else None,
+        logits=logits,
+        tokens=tokens,
         receipt=receipt(frame.hidden),
     )

@@ -117,7 +117,8 @@ class PushState:
         try:
             stream = task.result()
             await stream.send(encode_frame(Forward(step=frame.step, pos0=frame.pos0, hidden=out, push=True,
-                                                   rewind=frame.rewind, steps=frame.steps)))
+                                                   rewind=frame.rewind, steps=frame.steps,
+                                                   verify=frame.verify)))
             if after_push is not None:
                 after_push()
             return True

@@ -24,6 +24,7 @@ import numpy as np
 from swarm.errors import ExecutorError, RequestError, SwarmError
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.sessions import SessionSlot, SessionTable
+from swarm.peer.exact_rows import probe_exact_step_rows
 from swarm.peer.rebalance import Drain
 from swarm.peer.rules import (
     Throughput,
@@ -53,6 +54,8 @@ class Span:
         drain: set while the peer drains to move its span; new sessions are refused with BUSY.
         prefixes: prefix snapshots of this span, or None when the peer keeps none.
         throughput: the span's measured speed (re-measured after each swap).
+        verify_rows: rows of one session's step it computes exactly as one-row steps (probed at load
+            and after each swap; `OpenOk.verify_rows`).
         shutting_down: set on SIGTERM; new sessions are refused with SHUTTING_DOWN.
         lock: held around every unit of executor work, and while the executor is swapped.
         pool: the executor thread for long calls.
@@ -72,6 +75,7 @@ class Span:
         self.scheduler = StepScheduler(lambda: self.executor, self.lock, self.pool,
                                        chunk_tokens=executor.n_batch, inline_max_ms=inline_max_ms)
         self.throughput = Throughput(0.0, 0.0)
+        self.verify_rows = 1
         self._measure = measure
 
     @classmethod
@@ -85,6 +89,7 @@ class Span:
 
     async def _tune(self) -> None:
         self.scheduler.max_batch_rows = await self.run(exact_batch_cap, self.executor)
+        self.verify_rows = await self.run(probe_exact_step_rows, self.executor)
         self.throughput = await self.run(self._measure, self.executor)
 
     @property

@@ -79,6 +79,18 @@ def _frame(group: list[np.ndarray]) -> tuple[np.ndarray, tuple[int, ...]]:
     return np.concatenate(group), tuple(b.shape[0] for b in group)
 
 
+def drop_rows(blocks: list[np.ndarray], n: int) -> None:
+    """Drop the last `n` rows of the recorded steps, in place: whole blocks from the end, then the
+    tail of the block cut (a verify pass's rejected rows; swarm/spec/verify.py)."""
+    while n > 0 and blocks:
+        rows = blocks[-1].shape[0]
+        if rows > n:
+            blocks[-1] = blocks[-1][: rows - n]
+            return
+        blocks.pop()
+        n -= rows
+
+
 def split_steps(rows: np.ndarray, steps: tuple[int, ...]) -> list[np.ndarray]:
     """The per-step blocks of a frame's rows (the inverse of `replay_frames`'s grouping)."""
     if not steps:

@@ -133,6 +133,21 @@ def test_generation_survives_its_middle_peer(swarm, expected, sig, reason):
     swarm.heal()  # also: every live peer's sessions were released
 
 
+def test_a_speculating_generation_survives_its_middle_peer_killed(swarm, expected):
+    # verify passes of prompt-lookup drafts; kill -9 after 5 deltas: the replacement replays exactly
+    # the kept rows (rejected ones were cut from the recorded steps), and the text is unchanged
+    swarm.heal()
+    with Client(str(swarm.model_path), initial_peers=[swarm.join]) as client:
+        got, victim = generate_breaking_the_middle(swarm, client, signal.SIGKILL, speculate=4)
+    assert got.text == expected
+    [f] = got.telemetry.failovers
+    assert (f.peer_id, f.reason) == (swarm.by_name[victim].peer_id, "unreachable")
+    assert f.replayed_tokens == f.position
+    s = got.telemetry.speculation
+    assert s.passes > 0 and s.accepted > 0
+    swarm.heal()
+
+
 def greedy_logprobs(engine, prompt: list[int], n_new: int, kill_at: int | None = None, swarm=None):
     """(token, logprob) of n_new greedy steps on `engine`; kill -9 the routed middle peer after
     `kill_at` of them."""

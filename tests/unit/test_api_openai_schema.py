@@ -81,3 +81,11 @@ def test_api_error_body_and_retry_after():
     }
     assert e.headers() == {"Retry-After": "5"}
     assert ApiError(400, "bad").headers() == {}
+
+
+def test_speculate_is_an_extension_bounded_by_the_verify_pass():
+    assert ChatCompletionRequest(model="m", messages=MSG).speculate is None
+    assert CompletionRequest(model="m", prompt="x", speculate=4).speculate == 4
+    for bad in (-1, 64, "four"):
+        with pytest.raises(ValidationError):
+            ChatCompletionRequest(model="m", messages=MSG, speculate=bad)

@@ -35,6 +35,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "swarm.kv": ("swarm.dht", "swarm.ggml_bridge"),
     "sim": ("swarm.dht", "swarm.p2p", "hivemind", "libtorrent", "llama_cpp"),
     "swarm.client": ("swarm.peer",),
+    "swarm.spec": ("swarm.client", "swarm.peer", "swarm.dht", "swarm.p2p", "swarm.ggml_bridge"),
 }
 """Package → module prefixes it must not import (see docs/architecture.md and sim/__init__.py)."""
 

@@ -146,6 +146,7 @@ def test_a_restored_first_step_that_is_refused_leaves_the_session_empty():
 
 def test_swap_loads_the_old_span_back_when_the_new_one_fails(monkeypatch):
     monkeypatch.setattr(span_module, "exact_batch_cap", lambda ex: 3)
+    monkeypatch.setattr(span_module, "probe_exact_step_rows", lambda ex: 2)
 
     async def main():
         span = _span()

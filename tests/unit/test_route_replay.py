@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from swarm.route.replay import clip_steps, replay_frames, split_steps
+from swarm.route.replay import clip_steps, drop_rows, replay_frames, split_steps
 
 
 def blocks(*sizes: int) -> list[np.ndarray]:
@@ -32,6 +32,16 @@ def test_clip_drops_a_step_recorded_past_the_end():
     # the hop's input to the step in flight is recorded before the route's position moves on
     assert sizes(clip_steps(blocks(5, 1, 1), 0, 6)) == [5, 1]
     assert clip_steps(blocks(5), 5) == []
+
+
+def test_drop_rows_cuts_the_tail_of_the_recorded_steps_in_place():
+    bs = blocks(5, 1, 1, 3)
+    drop_rows(bs, 4)  # the last step's 3 rows and one more
+    assert sizes(bs) == [5, 1]
+    bs = blocks(5, 1, 3)
+    drop_rows(bs, 2)  # a verify pass of 3 rows kept 1
+    assert sizes(bs) == [5, 1, 1]
+    assert np.concatenate(bs)[:, 0].tolist() == list(range(7))
 
 
 def test_frames_group_whole_steps_up_to_the_row_and_step_caps():

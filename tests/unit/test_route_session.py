@@ -19,6 +19,7 @@ from swarm.client.telemetry import GenerationTelemetry
 from swarm.errors import NoRoute, SessionTooLong, SwarmError
 from swarm.route.failover import Exclusions, FailoverPolicy
 from swarm.sampling import SamplingParams
+from swarm.spec.verify import accepted, draft_budget
 
 N_LAYERS = 30
 PROMPT = [11, 22, 33, 44, 55, 66, 77]
@@ -74,6 +75,38 @@ class Run:
                 await s.close()
 
         return asyncio.run(go()), telemetry
+
+
+    def generate_speculative(self, draft, k: int = 3, group_rows: int | None = None):
+        """Like `generate`, with verify passes of `draft(tokens, k)` (RemoteSession.verify's steps).
+        Returns the tokens, the number of drafted tokens kept per pass, and the telemetry."""
+        kept: list[int] = []
+        telemetry = GenerationTelemetry(backend="sim")
+
+        async def go() -> list[int]:
+            s = self.session(telemetry)
+            try:
+                await s.open()
+                x = np.concatenate([embed(t) for t in PROMPT])
+                for i in range(0, len(PROMPT), 3):
+                    tok = await s.step(x[i : i + 3])
+                tokens = [tok.token]
+                while len(tokens) < N_NEW:
+                    d = draft(tokens, draft_budget(k, len(tokens), N_NEW))
+                    if not d:
+                        tokens.append((await s.step(embed(tokens[-1]))).token)
+                        continue
+                    rows = np.concatenate([embed(t) for t in [tokens[-1], *d]])
+                    t = await s.step(rows, verify=True, group_rows=group_rows)
+                    new = accepted(d, t.tokens)
+                    s.keep(len(new))
+                    kept.append(len(new) - 1)
+                    tokens += new
+                return tokens
+            finally:
+                await s.close()
+
+        return asyncio.run(go()), kept, telemetry
 
 
 @pytest.fixture(scope="module")
@@ -280,3 +313,48 @@ def test_a_peer_that_answered_garbage_is_not_forgiven_by_a_probe():
     with pytest.raises(NoRoute, match="1 excluded"):
         run.generate()  # m1 is alive (it answers pings) but stays excluded: no route for 10:20
     assert run.swarm.by_id["m1"].forwards == 9  # it was not tried again
+
+
+def flawed_draft(expected: list[int]):
+    """Drafts the right continuation, except a wrong second token on every other pass and nothing
+    on every fifth: passes with rejected rows, fully kept ones and plain decode steps."""
+    calls = [0]
+
+    def draft(tokens: list[int], k: int) -> list[int]:
+        calls[0] += 1
+        d = list(expected[len(tokens) : len(tokens) + k])
+        if calls[0] % 5 == 0:
+            return []
+        if calls[0] % 2 == 0 and len(d) > 1:
+            d[1] = (d[1] + 1) % 50_000
+        return d
+
+    return draft
+
+
+def test_speculative_generation_equals_plain_decoding(expected):
+    run = Run(three_spans())
+    tokens, kept, _ = run.generate_speculative(flawed_draft(expected))
+    assert tokens == expected
+    assert 1 in kept and 3 in kept  # some passes rejected rows (rolled back by rewind), some kept all
+    assert run.swarm.open_sessions() == 0
+
+
+def test_a_failover_after_rejected_rows_replays_exactly_the_kept_rows(expected):
+    # m1 dies after 3 prefill chunks and 3 passes: the replacement replays only the kept rows,
+    # each as the one-row step it was computed as, and the text is unchanged
+    run = Run(three_spans(fault="die", fault_after=6))
+    tokens, kept, t = run.generate_speculative(flawed_draft(expected))
+    assert tokens == expected
+    [f] = t.failovers
+    assert kept[:2] == [3, 1]  # the second pass's rows were rolled back before the failover
+    # m1 computed the prompt and 3 passes; only their kept rows (the last token + kept drafts) replay
+    assert f.replayed_tokens == f.position == len(PROMPT) + sum(n + 1 for n in kept[:3])
+    assert run.swarm.open_sessions() == 0
+
+
+def test_verify_rows_computed_as_one_step_differ_where_step_shape_matters(expected):
+    # the simulated span, like llama.cpp's kernels, rounds a step of many rows differently from
+    # one-row steps (and so says verify_rows 1 at open): a pass forced into one step of 4 rows drifts
+    tokens, _, _ = Run(three_spans()).generate_speculative(flawed_draft(expected), group_rows=4)
+    assert tokens != expected

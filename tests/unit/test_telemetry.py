@@ -16,3 +16,19 @@ def test_summary_says_where_a_failover_happened_in_generated_or_prompt_tokens():
     assert lines[1] == ("  failover [10:20) 12D3KooWaaaa… (unreachable) after 60 generated tokens: "
                         "replayed 89 tokens, stall 812 ms")
     assert "(timeout) after 16 of 30 prompt tokens:" in lines[2]
+
+
+def test_summary_and_usage_carry_speculation_counts():
+    from swarm.api.openai_schema import usage
+    from swarm.spec.verify import Acceptance
+
+    t = GenerationTelemetry(backend="swarm", prompt_tokens=30)
+    assert "speculation" not in t.summary()
+    assert "speculation" not in usage(30, 10).model_dump()
+    t.speculation = Acceptance(passes=4, drafted=16, accepted=12)
+    assert "speculation: 12/16 drafted tokens accepted (75%), 4.00 tokens per pass" in t.summary()
+    assert usage(30, 17, t.speculation).model_dump()["speculation"] == {
+        "passes": 4, "drafted_tokens": 16, "accepted_tokens": 12, "acceptance_rate": 0.75,
+        "tokens_per_pass": 4.0,
+    }
+    assert t.to_dict()["speculation"] == {"passes": 4, "drafted": 16, "accepted": 12}

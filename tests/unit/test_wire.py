@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from swarm.errors import ProtocolError
+from swarm.limits import MAX_VERIFY_ROWS
 from swarm.sampling import SamplingParams
 from swarm.wire import (
     MAX_FRAME_BYTES,
@@ -72,6 +73,8 @@ def _frames():
         Truncate(pos=12),
         Forward(step=9, pos0=131, hidden=H576, push=True, rewind=True),
         Forward(step=10, pos0=0, hidden=H_PREFILL, steps=(H_PREFILL.shape[0] - 2, 1, 1)),
+        Forward(step=11, pos0=40, hidden=H_PREFILL, steps=(1,) * H_PREFILL.shape[0], verify=True),
+        Token(step=11, token=5, logprob=None, top=(), compute_ms=0.5, tokens=(1, 2, 3, 4, 5)),
         Hidden(step=9, hidden=H576, compute_ms=1.0, pushed=True),
         Chain(next_peer="12D3KooWnext", next_session=bytes(16), next_addrs=("/ip4/10.0.0.2/tcp/4001",),
               next_direct=("/ip4/10.0.0.2/tcp/4002",), prev_peer="12D3KooWprev"),
@@ -99,8 +102,16 @@ def test_round_trip_preserves_every_field(frame):
 def test_size_line_decode_frame_is_4_n_embd_plus_small_header():
     body = encode_frame(Forward(step=123456, pos0=100_000, hidden=H576))
     # generation 2 added 'restore' (9 B), generation 3 'push' and 'rewind' (15 B), generation 4 'steps' (7 B);
-    # generation 5 dropped 'sample' (8 B)
-    assert 4 * 576 < len(body) <= 4 * 576 + 118
+    # generation 5 dropped 'sample' (8 B); generation 6 added 'verify' (8 B)
+    assert 4 * 576 < len(body) <= 4 * 576 + 126
+
+
+def test_a_verify_pass_is_bounded_and_its_tokens_end_with_the_token():
+    with pytest.raises(ProtocolError, match="verify pass"):
+        Forward(step=0, pos0=0, hidden=np.zeros((MAX_VERIFY_ROWS + 1, 4), np.float32), verify=True)
+    Forward(step=0, pos0=0, hidden=np.zeros((MAX_VERIFY_ROWS + 1, 4), np.float32))  # not a verify pass
+    with pytest.raises(ProtocolError, match="end with"):
+        Token(step=0, token=5, logprob=None, top=(), compute_ms=0.0, tokens=(5, 6))
 
 
 def test_decoded_tensor_is_a_readonly_view_without_copy():
@@ -118,10 +129,12 @@ def test_generation_mismatch_is_refused_before_the_header():
 
 
 def test_a_generation_5_peer_is_refused():
-    # generation 6 added receipts to Hidden and Token: a generation-5 frame is refused by its first
-    # byte, as the peer's handler refuses any mismatch at the handshake
+    # generation 6 added Forward.verify: a generation-5 Forward (which lacks it) is refused by its
+    # first byte, as the peer's handler refuses any mismatch at the handshake
     assert PROTOCOL_GENERATION == 6
-    body = _raw(_fwd_header(), bytes(16), generation=5)
+    header = _fwd_header()
+    del header["verify"]
+    body = _raw(header, bytes(16), generation=5)
     with pytest.raises(ProtocolError, match="peer speaks protocol generation 5, this one speaks 6"):
         decode_frame(body)
 
@@ -155,6 +168,7 @@ def _fwd_header(**over):
         "push": False,
         "rewind": False,
         "steps": [],
+        "verify": False,
         "dtype": "f32",
         "shape": [1, 4],
     }

@@ -1,0 +1,160 @@
+"""Speculative decoding over the route: decode tokens/s with and without it, acceptance rate, tokens
+per verify pass and passes in flight, per task, at each round-trip time.
+
+Tasks (greedy; the text with speculation must equal the text without, and the script checks it):
+  copy:  a code file and the start of its copy: prompt-lookup drafts find most tokens in the prompt;
+  novel: free prose, where prompt lookup finds little (the requantized self-draft of issue 25 is not
+         built: this row measures what speculation costs when its drafts miss).
+Each (task, k) runs `--repeats` times after a warm-up; figures are medians. `passes_in_flight` is 1:
+one verify pass at a time (pipelining is not built).
+
+RTT modes: `--rtt 0` (the default) runs a loopback swarm on 127.0.0.1 (three `swarm serve` processes
+of the model's thirds, 1 thread each) and the client in this process. Any other RTT runs in the
+network lab (sim/netlab.py, needs root): the swarm of scripts/bench_wan.py (`direct`: three public
+peers and a DHT peer), the client behind a NAT router, every two sites RTT apart.
+
+    flock /tmp/swarm-heavy.lock .venv/bin/python scripts/bench_spec.py [--model smollm2-135m] \
+        [--rtt 0 20 50] [--k 4] [--decode 64] [--repeats 2]
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from swarm.manifest import build_manifest  # noqa: E402 - the repo root is on sys.path now
+from swarm.models import resolve_model  # noqa: E402
+from tests.helpers.oracle import PROMPT as CODE  # noqa: E402
+from tests.helpers.peers import PeerSet, serve_args  # noqa: E402
+
+CLIENT_S = 1800.0
+TASKS = {
+    "copy": (CODE + "        self.items = []\n\n# The same code, copied exactly:\n"
+             + CODE.split("\n", 1)[0] + "\n"),
+    "novel": ("Write a short story about a lighthouse keeper who finds a message in a bottle.\n\n"
+              "Once upon a time,"),
+}
+
+
+def run_client(model: str, initial_peers: list[str], k_values: list[int], n_decode: int,
+               repeats: int) -> list[dict]:
+    """Every task with speculation off (k 0) and at each k: medians over `repeats` generations."""
+    from swarm import Client
+
+    rows = []
+    with Client(model, initial_peers=initial_peers) as client:
+        client.generate(TASKS["novel"][:40], max_new_tokens=4)  # probes, streams and cost model warmed
+        for task, prompt in TASKS.items():
+            plain_text = None
+            for k in [0, *k_values]:
+                runs = [client.generate(prompt, max_new_tokens=n_decode + 1, speculate=k)
+                        for _ in range(repeats)]
+                s = [r.telemetry.speculation for r in runs]
+                row = {
+                    "task": task,
+                    "k": k,
+                    "decode_tok_s": round(statistics.median(r.telemetry.decode_tokens_per_s
+                                                            for r in runs), 2),
+                    "total_ms": round(statistics.median(r.telemetry.total_ms for r in runs), 1),
+                }
+                if k:
+                    row |= {
+                        "acceptance_rate": round(statistics.median(x.rate for x in s), 3),
+                        "tokens_per_pass": round(statistics.median(x.tokens_per_pass for x in s), 2),
+                        "passes": statistics.median(x.passes for x in s),
+                        "passes_in_flight": 1,
+                        "same_text_as_plain": all(r.text == plain_text for r in runs),
+                    }
+                else:
+                    plain_text = runs[0].text
+                rows.append(row)
+    for row in rows:
+        if row["k"]:
+            base = next(r for r in rows if r["task"] == row["task"] and r["k"] == 0)
+            row["speedup"] = round(row["decode_tok_s"] / base["decode_tok_s"], 2)
+    return rows
+
+
+def loopback(model: Path, n_layers: int, args) -> list[dict]:
+    """A three-peer swarm on 127.0.0.1 and the client in this process."""
+    cuts = [0, n_layers // 3, 2 * n_layers // 3, n_layers]
+    with tempfile.TemporaryDirectory(prefix="bench-spec-") as root:
+        peers = PeerSet(Path(root))
+        try:
+            first = peers.start("p0", *serve_args(model, f"0:{cuts[1]}", "--new-swarm"))
+            for i in (1, 2):
+                peers.start(f"p{i}", *serve_args(model, f"{cuts[i]}:{cuts[i + 1]}", "--initial-peers",
+                                                 first.maddrs[0]))
+            return run_client(str(model), first.maddrs, args.k, args.decode, args.repeats)
+        finally:
+            peers.stop_all()
+
+
+def in_lab(model: Path, n_layers: int, args, rtts: list[float]) -> dict[float, list[dict]]:
+    """scripts/bench_wan.py's `direct` swarm in the network lab; the client in its site, per RTT."""
+    from sim.netlab import Lab, lab_available
+
+    reason = lab_available()
+    if reason:
+        raise SystemExit(f"bench_spec: {reason}")
+    spec = importlib.util.spec_from_file_location("bench_wan", ROOT / "scripts" / "bench_wan.py")
+    wan = importlib.util.module_from_spec(spec)
+    sys.modules["bench_wan"] = wan  # its dataclasses look their module up while it loads
+    spec.loader.exec_module(wan)
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="bench-spec-") as root, Lab() as lab:
+        peers = PeerSet(Path(root))
+        try:
+            placed = wan.direct(lab, peers, model, n_layers)
+            client_site = lab.home("client")
+            for rtt in rtts:
+                lab.set_rtt(rtt)
+                argv = [sys.executable, str(Path(__file__).resolve()), "--client", str(model), "--decode",
+                        str(args.decode), "--repeats", str(args.repeats), "--k", *map(str, args.k),
+                        "--initial-peers", *placed.initial_peers]
+                done = lab.run(client_site, argv, timeout_s=CLIENT_S)
+                out[rtt] = json.loads(done.stdout.strip().splitlines()[-1])
+        finally:
+            peers.stop_all()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--rtt", type=float, nargs="+", default=[0.0],
+                    help="ms; 0 runs on loopback, others in the lab")
+    ap.add_argument("--k", type=int, nargs="+", default=[4], help="drafted tokens per pass")
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--client", metavar="MODEL", help=argparse.SUPPRESS)  # the client inside its lab site
+    ap.add_argument("--initial-peers", nargs="*", default=[], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.client:
+        print(json.dumps(run_client(args.client, args.initial_peers, args.k, args.decode, args.repeats)))
+        return 0
+    model = resolve_model(args.model, fetch=True)
+    n_layers = build_manifest(model).n_layers
+    results = {}
+    if 0.0 in args.rtt:
+        results["0"] = loopback(model, n_layers, args)
+    lab_rtts = [r for r in args.rtt if r != 0.0]
+    if lab_rtts:
+        results |= {f"{r:g}": rows for r, rows in in_lab(model, n_layers, args, lab_rtts).items()}
+    print(json.dumps({"model": args.model, "decode": args.decode, "repeats": args.repeats,
+                      "rows_by_rtt_ms": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

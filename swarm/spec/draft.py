@@ -1,0 +1,62 @@
+"""Drafts: guesses of the next tokens that one verify pass over the route checks at once.
+
+A draft is only a guess: the last span samples every drafted row as it would have sampled it one
+token at a time, and the client keeps the drafted tokens up to the first that differs
+(swarm/spec/verify.py). A bad draft therefore costs time, never changes the text.
+
+`PromptLookup` (prompt lookup decoding, as llama.cpp's `ngram` speculative mode and the `transformers`
+`prompt_lookup_num_tokens` option do it) needs no model: it finds the latest earlier occurrence of the
+text's last n tokens and proposes the tokens that followed it. It pays on text that copies its
+context (editing code, quoting a document) and proposes nothing on novel text.
+
+This module does not: verify, sample, or touch a network or a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+
+class Draft(Protocol):
+    """A source of drafted tokens for one generation."""
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        """Guess up to `k` tokens that follow `tokens` (the prompt and every token generated so far).
+
+        Returns:
+            0..k token ids; [] when the draft has no guess (the client then decodes one token).
+        """
+
+
+class PromptLookup:
+    """Drafts copied from the context: after the latest earlier match of the last n tokens.
+
+    Args:
+        max_ngram: longest suffix matched first (tried down to `min_ngram`).
+        min_ngram: shortest suffix matched (>= 1).
+    Raises:
+        ValueError: min_ngram < 1 or max_ngram < min_ngram.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if min_ngram < 1 or max_ngram < min_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        """The up to `k` tokens after the latest earlier occurrence of the longest matching suffix
+        (n from max_ngram down to min_ngram); [] when no suffix recurs or k < 1."""
+        if k < 1:
+            return []
+        arr = np.asarray(tokens, dtype=np.int64)
+        for n in range(min(self.max_ngram, arr.size - 1), self.min_ngram - 1, -1):
+            # windows that start early enough to be followed by at least one token
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+            hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return arr[start : start + k].tolist()
+        return []

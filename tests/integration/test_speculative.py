@@ -1,0 +1,78 @@
+"""Speculative decoding over a real route: the text equals plain decoding, token for token.
+
+Prompt-lookup drafts on SmolLM2 (the session's shared swarm, 0:10 / 10:20 / 20:30) and on Qwen2.5
+0.5B (a swarm of its own, `slow`). Each verify pass carries the last token and up to k drafted
+tokens through every hop in one frame; the last span samples every row, the client keeps the
+drafted tokens up to the first that differs, and every hop rolls the rest back on the next step
+(`Forward.rewind`). A pass is computed in groups of the rows every span proved at load to compute
+exactly as one-row steps (swarm/peer/exact_rows.py: 8 on SmolLM2, 3 on Qwen); the tokens must equal
+a plain (non-speculative) run over the same route, greedy and seeded alike. The plain run is the
+oracle here, not llama.cpp's whole model: on the parity prompt at 64 tokens SmolLM2's plain swarm
+text already parts from llama.cpp's (measured, with speculation off), so only the plain run tells
+whether speculation changed anything.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from swarm import Client
+from tests.helpers.oracle import PROMPT
+from tests.helpers.peers import PeerSet, serve_args
+
+N_NEW = 64
+COPY_PROMPT = (
+    "Repeat the list exactly.\nList: alpha, beta, gamma, delta, epsilon, zeta, eta, theta, iota, kappa.\n"
+    "Repeat: alpha, beta,"
+)
+
+
+def speculated(client: Client, prompt: str, k: int = 4, **kw):
+    g = client.generate(prompt, max_new_tokens=N_NEW, speculate=k, **kw)
+    s = g.telemetry.speculation
+    assert s is not None and s.passes > 0 and s.accepted > 0, "the drafts were never used"
+    return g
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("prompt", [PROMPT, COPY_PROMPT], ids=["parity", "copy"])
+def test_greedy_speculative_tokens_equal_plain_decoding(smol_swarm, smollm2_path, prompt, k):
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs) as client:
+        plain = client.generate(prompt, max_new_tokens=N_NEW)
+        got = speculated(client, prompt, k)
+    assert got.tokens == plain.tokens
+    # every span proved 8 rows exact at load: passes of k + 1 <= 5 rows went as one step each
+    assert [h.verify_rows for h in got.telemetry.route] == [8, 8, 8]
+    s = got.telemetry.speculation
+    # the prefill's token, then per pass its kept drafted tokens plus one, per decode step one
+    assert s.accepted + s.passes + 1 <= len(got.tokens)
+
+
+@pytest.mark.parametrize("seed", [1, 7, 12345])
+def test_seeded_sampling_speculative_text_equals_plain_sampling(smol_swarm, smollm2_path, seed):
+    # the last span draws every row with the seed of its position, as a decode step does: a kept
+    # drafted token is the token plain sampling draws there (swarm/spec/verify.py)
+    sampling = dict(temperature=0.8, top_p=0.95, seed=seed)
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs) as client:
+        plain = client.generate(COPY_PROMPT, max_new_tokens=N_NEW, **sampling)
+        got = speculated(client, COPY_PROMPT, **sampling)
+    assert got.tokens == plain.tokens
+
+
+@pytest.fixture(scope="module")
+def qwen_swarm(qwen_path, tmp_path_factory):
+    ps = PeerSet(tmp_path_factory.mktemp("qwen_spec"))
+    first = ps.start("q0", *serve_args(qwen_path, "0:12", "--new-swarm"))
+    ps.start("q1", *serve_args(qwen_path, "12:24", "--initial-peers", first.maddrs[0]))
+    yield ps
+    ps.stop_all()
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, COPY_PROMPT], ids=["parity", "copy"])
+def test_greedy_speculative_tokens_equal_plain_decoding_on_qwen(qwen_swarm, qwen_path, prompt):
+    with Client(str(qwen_path), initial_peers=qwen_swarm.started[0].maddrs) as client:
+        plain = client.generate(prompt, max_new_tokens=N_NEW)
+        got = speculated(client, prompt)
+    assert got.tokens == plain.tokens
+    # Qwen's spans prove 3 rows exact (repacked Q4_K gemm from 4): passes of 5 rows go as 3 + 2
+    assert [h.verify_rows for h in got.telemetry.route] == [3, 3]
