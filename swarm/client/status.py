@@ -1,7 +1,8 @@
 """`swarm status`: who serves which layers of a model, whether they chain into a route, how fast.
 
 A peer's record outlives the peer: one killed with -9 stays announced until its record expires, so
-`swarm status` pings every announced peer and counts only those that answer.
+`swarm status` pings every announced peer and counts only those that answer. Each answer carries the
+peer's wall time: a clock far from the others' median is shown (column "clock" and a warning line).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from rich.table import Table
 
 from swarm.artifacts.distribute import find_manifest
 from swarm.client.connection import SwarmConnection
+from swarm.dht.clock import SKEW_WARN_S, relative_skews, skew_against, skew_words
 from swarm.dht.records import Announcement
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model
@@ -38,6 +40,8 @@ class StatusReport:
         no_route: why `best_route` is None (the planner's NoRoute message), else None.
         rtt_ms: peer id -> ping round trip in ms, None for a peer that did not answer; empty when
             nobody was pinged. Peers that did not answer are left out of `chains` and `best_route`.
+        clock_s: peer id -> its clock minus the median clock of the peers that answered with a time,
+            seconds (positive: ahead); peers that did not are absent.
     """
 
     model_id: str
@@ -47,6 +51,7 @@ class StatusReport:
     best_route: RoutePlan | None
     no_route: str | None
     rtt_ms: dict[str, float | None] = field(default_factory=dict)
+    clock_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def silent(self) -> list[Announcement]:
@@ -82,7 +87,7 @@ class StatusReport:
             "dead_ends": [dataclasses.asdict(d) for d in self.chains.dead_ends],
             "peers": [
                 {**dataclasses.asdict(p), "answered": self.rtt_ms.get(p.peer_id, 0.0) is not None,
-                 "rtt_ms": self.rtt_ms.get(p.peer_id)}
+                 "rtt_ms": self.rtt_ms.get(p.peer_id), "clock_skew_s": self.clock_s.get(p.peer_id)}
                 for p in self.peers
             ],
         }
@@ -92,19 +97,12 @@ class StatusReport:
         dead = {d.peer_id: d.reason for d in self.chains.dead_ends}
         silent = self.silent
         table = Table(title=f"model {self.model_id[:16]}… ({self.n_layers} layers)")
-        for col in (
-            "peer",
-            "layers",
-            "decode steps/s",
-            "prefill tok/s",
-            "free cache",
-            "sessions free",
-            "rtt",
-            "chain",
-            "name",
-        ):
+        clocks = bool(self.clock_s)  # a column only when some peer told its time
+        cols = ("peer", "layers", "decode steps/s", "prefill tok/s", "free cache", "sessions free", "rtt")
+        for col in cols + ("clock",) * clocks + ("chain", "name"):
             table.add_column(col)
         for p in self.peers:
+            clock = (skew_words(self.clock_s[p.peer_id]) if p.peer_id in self.clock_s else "",) * clocks
             table.add_row(
                 p.peer_id[:16] + "…",
                 f"{p.start}:{p.end}",
@@ -113,6 +111,7 @@ class StatusReport:
                 str(p.free_cache_tokens),
                 f"{p.sessions_free}/{p.max_sessions}",
                 _rtt_words(self.rtt_ms, p.peer_id),
+                *clock,
                 "no answer" if p in silent
                 else f"dead end ({_DEAD_END_WORDS[dead[p.peer_id]]})" if p.peer_id in dead else "ok",
                 p.public_name or "",
@@ -141,6 +140,11 @@ class StatusReport:
             )
         for d in self.chains.dead_ends:
             lines.append(f"dead end: {d.start}:{d.end} on {d.peer_id[:16]}… ({_DEAD_END_WORDS[d.reason]})")
+        for p in self.peers:
+            skew = self.clock_s.get(p.peer_id, 0.0)
+            if abs(skew) > SKEW_WARN_S:
+                lines.append(f"clock: {p.peer_id[:16]}…'s clock is {skew_against(skew, 'the median')} "
+                             "(it writes its records in the swarm's time; set its clock with NTP)")
         for p in self.silent:
             lines.append(f"no answer: {p.start}:{p.end} on {p.peer_id[:16]}… is announced but did not answer "
                          "a ping (crashed, frozen or unreachable; its record lapses when it expires)")
@@ -166,7 +170,11 @@ PING_TIMEOUT_S = 3.0
 
 
 def status_report(
-    model_id: str, n_layers: int, announcements, rtt_ms: dict[str, float | None] | None = None
+    model_id: str,
+    n_layers: int,
+    announcements,
+    rtt_ms: dict[str, float | None] | None = None,
+    clock_offsets_s: dict[str, float] | None = None,
 ) -> StatusReport:
     """Analyse announcements of one model (pure).
 
@@ -174,6 +182,8 @@ def status_report(
         announcements: `Announcement`s read from the DHT.
         rtt_ms: ping results by peer id (None: no answer); peers without an answer are left out of
             the route analysis. None: nobody was pinged, every announcement counts.
+        clock_offsets_s: peer id -> its wall time minus this observer's, seconds, for peers that
+            answered with a time (swarm.dht.clock).
     """
     rtt_ms = dict(rtt_ms or {})
     peers = tuple(sorted(announcements, key=lambda a: (a.start, a.end, a.peer_id)))
@@ -185,7 +195,8 @@ def status_report(
         best = plan_route(spans, n_layers, need_tokens=1, default_rtt_ms=0.0)
     except NoRoute as e:
         why = str(e)
-    return StatusReport(model_id, n_layers, peers, analyze_chains(spans, n_layers), best, why, rtt_ms)
+    return StatusReport(model_id, n_layers, peers, analyze_chains(spans, n_layers), best, why, rtt_ms,
+                        relative_skews(clock_offsets_s or {}))
 
 
 def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
@@ -198,24 +209,26 @@ def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
     try:
         manifest = model_manifest(conn, model)
         peers = conn.announcements(manifest.model_id, manifest.n_layers)
-        rtt_ms = conn.loop.run(_ping_all(conn, peers), timeout_s=PING_TIMEOUT_S * 4)
+        rtt_ms, offsets = conn.loop.run(_ping_all(conn, peers), timeout_s=PING_TIMEOUT_S * 4)
     finally:
         conn.close()
-    return status_report(manifest.model_id, manifest.n_layers, peers, rtt_ms)
+    return status_report(manifest.model_id, manifest.n_layers, peers, rtt_ms, offsets)
 
 
-async def _ping_all(conn: SwarmConnection, peers) -> dict[str, float | None]:
-    """Ping round trip (ms) of each announced peer at its announced addresses; None: no answer."""
+async def _ping_all(conn: SwarmConnection, peers) -> tuple[dict[str, float | None], dict[str, float]]:
+    """Ping each announced peer at its announced addresses. Returns (round trip in ms by peer id, None:
+    no answer; the peer's wall time minus this machine's in s, for peers that answered with a time)."""
 
-    async def ping(a: Announcement) -> float | None:
+    async def ping(a: Announcement):
         try:
             async with asyncio.timeout(PING_TIMEOUT_S * 2):  # dialling has no timeout of its own
-                return await conn.dht.transport.ping(a.peer_id, a.addrs, timeout_s=PING_TIMEOUT_S)
+                return await conn.dht.transport.probe(a.peer_id, a.addrs, timeout_s=PING_TIMEOUT_S)
         except (SwarmError, TimeoutError):
-            return None
+            return None, None
 
-    rtts = await asyncio.gather(*(ping(a) for a in peers))
-    return {a.peer_id: ms for a, ms in zip(peers, rtts)}
+    answers = await asyncio.gather(*(ping(a) for a in peers))
+    rtt_ms = {a.peer_id: ms for a, (ms, _) in zip(peers, answers)}
+    return rtt_ms, {a.peer_id: c.offset_s for a, (_, c) in zip(peers, answers) if c is not None}
 
 
 def model_manifest(conn: SwarmConnection, model: str) -> Manifest:

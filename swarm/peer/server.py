@@ -107,7 +107,8 @@ async def serve(
             await dht.transport.serve(
                 SNAPSHOT_PROTOCOL, partial(_serve_snapshot, span, cfg.debug_tamper_snapshots)
             )
-        announcer = Announcer(dht, span, cfg.announce_period_s, cfg.public_name, direct_addrs)
+        announcer = Announcer(dht, span, cfg.announce_period_s, cfg.public_name, direct_addrs,
+                              tuple(cfg.initial_peers))
         await announcer.announce_once()
         print(
             f"serving layers {span.start}:{span.end} of {manifest.model_id} as {dht.peer_id}"
