@@ -27,6 +27,7 @@ from swarm.dht.records import ANNOUNCE_SUBKEY_TAG, Announcement, announcements_k
 from swarm.manifest import build_manifest
 
 from tests.helpers.oracle import oracle
+from tests.helpers.peers import wait_for
 
 PROMPT = "The three most important inventions of the twentieth century are"
 
@@ -66,7 +67,8 @@ def test_spans_outside_the_model_are_ignored_by_status_health_and_chat(
     conn = SwarmConnection(smol_swarm.started[0].maddrs)
     try:
         # the record is there for a reader that does not know the model ...
-        assert stranger_span in {a.peer_id for a in conn.announcements(manifest.model_id)}
+        wait_for(lambda: {a.peer_id for a in conn.announcements(manifest.model_id)},
+                 "a reader that does not know the model reads the record", until=lambda ids: stranger_span in ids)
         # ... and ignored by one that does: the API's health page reads through this reader
         monitor = HealthMonitor(_announcement_reader(conn, manifest.model_id, manifest.n_layers),
                                 manifest.model_id, manifest.n_layers, 1.0)
