@@ -71,7 +71,8 @@ def flood(nodes: list[hivemind.DHT], args: argparse.Namespace, root: Path) -> di
             names = range(first, min(first + BATCH, args.subkeys))
             accepted += stranger.run_coroutine(functools.partial(_store, names, signer.local_public_key, args.bytes))
         flood_s = time.perf_counter() - t0
-        reader = hivemind.DHT(initial_peers=peers, start=True, client_mode=True)
+        reader = hivemind.DHT(initial_peers=peers, start=True, client_mode=True,
+                              record_validators=[RSASignatureValidator()])  # strips signatures
         try:
             got = reader.get(KEY, latest=True)
         finally:
