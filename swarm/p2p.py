@@ -233,11 +233,11 @@ class SwarmP2P:
         """Run `handler(session)` for every incoming stream of `protocol_name`, each in its own task.
 
         The stream is closed when the handler returns or raises. StreamClosed ends a handler quietly;
-        other errors are logged and only that stream is lost, the server keeps serving. Serving a name
-        again replaces its handler for new streams.
+        other errors are logged and only that stream is lost, the server keeps serving.
 
         Raises:
-            PeerUnreachable: the local p2pd refused the registration.
+            PeerUnreachable: the local p2pd refused the registration (also when the name is served
+                already: p2pd answers "handler for protocol ... already set").
         """
 
         async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
