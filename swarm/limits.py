@@ -68,14 +68,24 @@ PREFIX_HASH_BYTES = 32
 # ---- DHT records (swarm/dht) -----------------------------------------------------------------------
 
 MAX_RECORD_TTL_S = 600.0
-"""Longest a DHT record may live past now, seconds: the validators every node runs refuse a later
-expiration. Covers an announcement (2.5 announce periods: 75 s at the default 30 s period, so periods up
-to 240 s) and the 300 s manifest and seeder blobs, while a stranger's record vanishes within 10 minutes."""
+"""Longest a DHT record may live past now, seconds: every node's storage (swarm/dht/storage.py) refuses
+a later expiration. Covers an announcement (2.5 announce periods: 75 s at the default 30 s period, so
+periods up to 240 s) and the 300 s manifest and seeder blobs, while a stranger's record vanishes within
+10 minutes."""
+
+MAX_RECORD_BYTES = 68 * 1024
+"""Largest DHT record a node stores, bytes of subkey plus signed value: a 64 KiB blob with its name,
+owner marker and signature fits."""
 
 MAX_SUBKEYS_PER_KEY = 4096
-"""Most subkeys a reader accepts under one DHT key (the validators bound each value's size: an
-announcement by its schema, a blob by MAX_BLOB_BYTES); more are dropped with a log line."""
+"""Most subkeys a node stores, and a reader accepts, under one DHT key; more are dropped (storage:
+the biggest signer's first; reader: with a log line)."""
 
 MAX_SUBKEYS_PER_OWNER = 128
-"""Most subkeys a reader accepts from one signing key under one DHT key (a publisher writes up to 64
-manifest parts; a peer one announcement): one key cannot crowd out the others."""
+"""Most subkeys one signing key may hold under one DHT key, in a node's storage and in what a reader
+accepts (a publisher writes up to 48 manifest parts; a peer one announcement)."""
+
+MAX_KEY_BYTES = 3 * 1024 * 1024
+"""Most bytes (subkeys plus signed values) a node stores under one DHT key: what a reader downloads
+from it for one key stays under hivemind's 4 MiB message limit, past which the key could not be read
+at all."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import struct
 import time
 from typing import Awaitable, Callable, Iterable, Optional, Protocol
@@ -22,6 +23,8 @@ from typing import Awaitable, Callable, Iterable, Optional, Protocol
 from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
+from swarm.dht import clock
+from swarm.dht.clock import ClockProbe
 from swarm.errors import PeerTimeout, PeerUnreachable, ProtocolError, SwarmError
 from swarm.limits import MAX_FRAME_BYTES, PING_PROTOCOL
 
@@ -221,7 +224,7 @@ class SwarmP2P:
     async def create(cls, p2p: P2P) -> "SwarmP2P":
         """Wrap `p2p` and start serving PING_PROTOCOL."""
         self = cls(p2p)
-        await self.serve(PING_PROTOCOL, echo_until_closed, max_frame_bytes=64)
+        await self.serve(PING_PROTOCOL, answer_pings, max_frame_bytes=64)
         return self
 
     async def serve(
@@ -230,11 +233,11 @@ class SwarmP2P:
         """Run `handler(session)` for every incoming stream of `protocol_name`, each in its own task.
 
         The stream is closed when the handler returns or raises. StreamClosed ends a handler quietly;
-        other errors are logged and only that stream is lost, the server keeps serving. Serving a name
-        again replaces its handler for new streams.
+        other errors are logged and only that stream is lost, the server keeps serving.
 
         Raises:
-            PeerUnreachable: the local p2pd refused the registration.
+            PeerUnreachable: the local p2pd refused the registration (also when the name is served
+                already: p2pd answers "handler for protocol ... already set").
         """
 
         async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -314,29 +317,59 @@ class SwarmP2P:
     async def ping(
         self, peer_id: str, addrs: Iterable[str] = (), *, rounds: int = 3, timeout_s: float = 5.0
     ) -> float:
-        """Round-trip time to a peer, ms: the fastest of `rounds` 8-byte echoes on one fresh stream
-        (the stream's opening is not counted).
+        """Round-trip time to a peer, ms: the fastest of `rounds` echoes on one fresh stream (the
+        stream's opening is not counted).
 
         Raises:
             ProtocolError: peer_id or an address is malformed.
             PeerUnreachable: the peer cannot be dialled, does not answer, or takes over timeout_s.
         """
+        rtt_ms, _ = await self.probe(peer_id, addrs, rounds=rounds, timeout_s=timeout_s)
+        return rtt_ms
+
+    async def probe(
+        self, peer_id: str, addrs: Iterable[str] = (), *, rounds: int = 3, timeout_s: float = 5.0
+    ) -> tuple[float, Optional[ClockProbe]]:
+        """Ping a peer `rounds` times on one fresh stream, asking for its wall time.
+
+        Returns:
+            (round trip of the fastest exchange in ms, that exchange's clock estimate or None when the
+            peer only echoes: a node older than clock probes).
+        Raises:
+            ProtocolError: peer_id or an address is malformed.
+            PeerUnreachable: the peer cannot be dialled, does not answer, or takes over timeout_s.
+        """
         async with await self.open_stream(peer_id, addrs, PING_PROTOCOL, max_frame_bytes=64) as stream:
-            best_s = float("inf")
+            best_s, clocks = float("inf"), []
             for _ in range(rounds):
-                t0 = time.perf_counter()
-                await stream.send(b"swarmping")
+                t0, sent_s = time.perf_counter(), time.time()
+                await stream.send(_TIME_PING)
                 reply = await stream.recv(timeout_s)
-                best_s = min(best_s, time.perf_counter() - t0)
-                if reply != b"swarmping":
+                rtt_s = time.perf_counter() - t0
+                best_s = min(best_s, rtt_s)
+                if reply == _TIME_PING:  # an echo
+                    continue
+                if len(reply) != len(_TIME_PING) + _WALL.size or not reply.startswith(_TIME_PING):
                     raise PeerUnreachable(f"{peer_id} answered a ping with {len(reply)} wrong bytes")
-        return best_s * 1000.0
+                (remote_s,) = _WALL.unpack_from(reply, len(_TIME_PING))
+                if math.isfinite(remote_s):
+                    clocks.append(clock.probe(sent_s, sent_s + rtt_s, remote_s))
+        return best_s * 1000.0, clock.best(clocks)
 
 
-async def echo_until_closed(stream: FramedStream) -> None:
-    """Ping responder (PING_PROTOCOL, on libp2p and relayed streams): echo frames until the prober closes."""
+_TIME_PING = b"swarmtime"
+"""A ping frame; the answer is the same bytes followed by the responder's wall time (_WALL). Older
+nodes echo any frame unchanged, which a prober takes as an answer without a time."""
+_WALL = struct.Struct(">d")
+"""Wall-clock seconds since the Unix epoch, big-endian float64."""
+
+
+async def answer_pings(stream: FramedStream) -> None:
+    """Ping responder (PING_PROTOCOL, on libp2p and relayed streams): answer each time ping with the wall time, echo anything else, until the prober
+    closes."""
     while True:
-        await stream.send(await stream.recv())
+        frame = await stream.recv()
+        await stream.send(frame + _WALL.pack(time.time()) if frame == _TIME_PING else frame)
 
 
 def _parse_peer_id(peer_id: str) -> PeerID:

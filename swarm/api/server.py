@@ -105,7 +105,8 @@ def run_api(cfg: ApiConfig) -> None:
             manifest = model_manifest(conn, cfg.model)
             model_id = manifest.model_id
             monitor = HealthMonitor(
-                _announcement_reader(conn, model_id), model_id, manifest.n_layers, cfg.status_period_s
+                _announcement_reader(conn, model_id, manifest.n_layers), model_id, manifest.n_layers,
+                cfg.status_period_s,
             )
         service = ModelService(client, model_names(cfg.model, model_id), model_id)
         metrics = ApiMetrics(lambda: None if monitor is None else monitor.report)
@@ -125,9 +126,10 @@ def _exit_on_sigterm(sig, frame) -> None:
     raise SystemExit(0)  # uvicorn stops gracefully first, then re-raises the signal it caught
 
 
-def _announcement_reader(conn: SwarmConnection, model_id: str):
+def _announcement_reader(conn: SwarmConnection, model_id: str, n_layers: int):
     async def read():
-        fut = asyncio.run_coroutine_threadsafe(conn.dht.get_announcements(model_id), conn.loop.loop)
+        read_now = conn.dht.get_announcements(model_id, n_layers)  # spans past the model dropped, logged
+        fut = asyncio.run_coroutine_threadsafe(read_now, conn.loop.loop)
         return await asyncio.wrap_future(fut)
 
     return read

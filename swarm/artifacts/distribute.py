@@ -42,7 +42,9 @@ logger = logging.getLogger(__name__)
 RECORD_TTL_S = 300.0
 """Lifetime of manifest and seeder records; publishers refresh them every third of it."""
 _PART_BYTES = 60_000
-_MAX_PARTS = 64
+_MAX_PARTS = 48
+"""One publisher's parts must fit under one key: 48 x 60,000 B plus record overheads stays under
+limits.MAX_KEY_BYTES (3 MiB)."""
 
 
 def manifest_key(model_id: str) -> str:

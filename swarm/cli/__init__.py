@@ -14,6 +14,7 @@ Files (one per command; each has `register(sub)`, which adds its parser and sets
     demo.py      `swarm demo`: a local swarm answers one prompt
     status.py    `swarm status`: who serves what, is there a route (`NO_ROUTE_EXIT`)
     api.py       `swarm api`: the OpenAI-compatible HTTP API
+    testclock.py a test hook: a skewed wall clock for one process (SWARM_TEST_CLOCK_SKEW_FILE only)
 
 Command modules import their packages inside the handler, so `swarm --help` loads neither llama.cpp
 nor hivemind, and `main` sets the environment they read first.
@@ -26,7 +27,7 @@ import io
 import os
 import sys
 
-from swarm.cli import api, chat, demo, dht, models, publish, serve, status
+from swarm.cli import api, chat, demo, dht, models, publish, serve, status, testclock
 from swarm.errors import SwarmError
 
 COMMANDS = (models, chat, serve, dht, publish, demo, status, api)
@@ -35,6 +36,7 @@ COMMANDS = (models, chat, serve, dht, publish, demo, status, api)
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `swarm` console script. Returns the process exit status."""
+    testclock.install_from_env()  # a test hook; before any command imports hivemind
     # Read by libgomp when it loads, so set before any command imports llama.cpp: spinning OpenMP
     # threads of one peer starve co-located peers' compute (shared NOTES: 0.47x vs 0.81-0.87x).
     os.environ.setdefault("GOMP_SPINCOUNT", "1000")

@@ -2,7 +2,8 @@
 and which peers this machine's clients caught computing wrong (spot checks, swarm/client/checks.py).
 
 A peer's record outlives the peer: one killed with -9 stays announced until its record expires, so
-`swarm status` pings every announced peer and counts only those that answer.
+`swarm status` pings every announced peer and counts only those that answer. Each answer carries the
+peer's wall time: a clock far from the others' median is shown (column "clock" and a warning line).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from swarm.artifacts.distribute import find_manifest
 from swarm.client.checks import read_evidence
 from swarm.client.connection import SwarmConnection
 from swarm.dht.identity import resolve_data_dir
+from swarm.dht.clock import SKEW_WARN_S, relative_skews, skew_against, skew_words
 from swarm.dht.records import Announcement
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model
@@ -45,6 +47,8 @@ class StatusReport:
             nobody was pinged. Peers that did not answer are left out of `chains` and `best_route`.
         caught: evidence of peers this machine's clients caught computing wrong in spot checks
             (`swarm.client.checks.read_evidence`: dicts of a `CheckEvent` plus `at`, Unix seconds).
+        clock_s: peer id -> its clock minus the median clock of the peers that answered with a time,
+            seconds (positive: ahead); peers that did not are absent.
     """
 
     model_id: str
@@ -55,6 +59,7 @@ class StatusReport:
     no_route: str | None
     rtt_ms: dict[str, float | None] = field(default_factory=dict)
     caught: tuple[dict, ...] = ()
+    clock_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def silent(self) -> list[Announcement]:
@@ -90,7 +95,7 @@ class StatusReport:
             "dead_ends": [dataclasses.asdict(d) for d in self.chains.dead_ends],
             "peers": [
                 {**dataclasses.asdict(p), "answered": self.rtt_ms.get(p.peer_id, 0.0) is not None,
-                 "rtt_ms": self.rtt_ms.get(p.peer_id)}
+                 "rtt_ms": self.rtt_ms.get(p.peer_id), "clock_skew_s": self.clock_s.get(p.peer_id)}
                 for p in self.peers
             ],
             "caught": list(self.caught),
@@ -101,19 +106,12 @@ class StatusReport:
         dead = {d.peer_id: d.reason for d in self.chains.dead_ends}
         silent = self.silent
         table = Table(title=f"model {self.model_id[:16]}… ({self.n_layers} layers)")
-        for col in (
-            "peer",
-            "layers",
-            "decode steps/s",
-            "prefill tok/s",
-            "free cache",
-            "sessions free",
-            "rtt",
-            "chain",
-            "name",
-        ):
+        clocks = bool(self.clock_s)  # a column only when some peer told its time
+        cols = ("peer", "layers", "decode steps/s", "prefill tok/s", "free cache", "sessions free", "rtt")
+        for col in cols + ("clock",) * clocks + ("chain", "name"):
             table.add_column(col)
         for p in self.peers:
+            clock = (skew_words(self.clock_s[p.peer_id]) if p.peer_id in self.clock_s else "",) * clocks
             table.add_row(
                 p.peer_id[:16] + "…",
                 f"{p.start}:{p.end}",
@@ -122,6 +120,7 @@ class StatusReport:
                 str(p.free_cache_tokens),
                 f"{p.sessions_free}/{p.max_sessions}",
                 _rtt_words(self.rtt_ms, p.peer_id) + (" (relayed)" if p.relay_addrs else ""),
+                *clock,
                 "no answer" if p in silent
                 else f"dead end ({_DEAD_END_WORDS[dead[p.peer_id]]})" if p.peer_id in dead else "ok",
                 p.public_name or "",
@@ -150,6 +149,11 @@ class StatusReport:
             )
         for d in self.chains.dead_ends:
             lines.append(f"dead end: {d.start}:{d.end} on {d.peer_id[:16]}… ({_DEAD_END_WORDS[d.reason]})")
+        for p in self.peers:
+            skew = self.clock_s.get(p.peer_id, 0.0)
+            if abs(skew) > SKEW_WARN_S:
+                lines.append(f"clock: {p.peer_id[:16]}…'s clock is {skew_against(skew, 'the median')} "
+                             "(it writes its records in the swarm's time; set its clock with NTP)")
         for p in self.silent:
             lines.append(f"no answer: {p.start}:{p.end} on {p.peer_id[:16]}… is announced but did not answer "
                          "a ping (crashed, frozen or unreachable; its record lapses when it expires)")
@@ -181,7 +185,11 @@ PING_TIMEOUT_S = 3.0
 
 
 def status_report(
-    model_id: str, n_layers: int, announcements, rtt_ms: dict[str, float | None] | None = None,
+    model_id: str,
+    n_layers: int,
+    announcements,
+    rtt_ms: dict[str, float | None] | None = None,
+    clock_offsets_s: dict[str, float] | None = None,
     caught: tuple[dict, ...] = (),
 ) -> StatusReport:
     """Analyse announcements of one model (pure).
@@ -190,6 +198,8 @@ def status_report(
         announcements: `Announcement`s read from the DHT.
         rtt_ms: ping results by peer id (None: no answer); peers without an answer are left out of
             the route analysis. None: nobody was pinged, every announcement counts.
+        clock_offsets_s: peer id -> its wall time minus this observer's, seconds, for peers that
+            answered with a time (swarm.dht.clock).
         caught: spot-check evidence of this machine's clients (`StatusReport.caught`).
     """
     rtt_ms = dict(rtt_ms or {})
@@ -202,7 +212,8 @@ def status_report(
         best = plan_route(spans, n_layers, need_tokens=1, default_rtt_ms=0.0)
     except NoRoute as e:
         why = str(e)
-    return StatusReport(model_id, n_layers, peers, analyze_chains(spans, n_layers), best, why, rtt_ms, caught)
+    return StatusReport(model_id, n_layers, peers, analyze_chains(spans, n_layers), best, why, rtt_ms,
+                        caught=caught, clock_s=relative_skews(clock_offsets_s or {}))
 
 
 def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
@@ -215,29 +226,31 @@ def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
     try:
         manifest = model_manifest(conn, model)
         peers = conn.announcements(manifest.model_id, manifest.n_layers)
-        rtt_ms = conn.loop.run(_ping_all(conn, peers), timeout_s=PING_TIMEOUT_S * 4)
+        rtt_ms, offsets = conn.loop.run(_ping_all(conn, peers), timeout_s=PING_TIMEOUT_S * 4)
     finally:
         conn.close()
     caught = read_evidence(resolve_data_dir(None), manifest.model_id)
-    return status_report(manifest.model_id, manifest.n_layers, peers, rtt_ms, caught)
+    return status_report(manifest.model_id, manifest.n_layers, peers, rtt_ms, offsets, caught)
 
 
-async def _ping_all(conn: SwarmConnection, peers) -> dict[str, float | None]:
-    """Ping round trip (ms) of each announced peer at its announced addresses, or through its relay
-    when it announces one (swarm.relay); None: no answer."""
+async def _ping_all(conn: SwarmConnection, peers) -> tuple[dict[str, float | None], dict[str, float]]:
+    """Ping each announced peer at its announced addresses, or through its relay when it announces one
+    (swarm.relay). Returns (round trip in ms by peer id, None: no answer; the peer's wall time minus
+    this machine's in s, for peers that answered a libp2p ping with a time)."""
     identity = RelayIdentity(conn.dht.identity.private_key) if any(a.relay_addrs for a in peers) else None
 
-    async def ping(a: Announcement) -> float | None:
+    async def ping(a: Announcement):
         try:
             async with asyncio.timeout(PING_TIMEOUT_S * 2):  # dialling has no timeout of its own
                 if a.relay_addrs:
-                    return await relay_dial.ping(identity, a.relay_addrs, a.peer_id, timeout_s=PING_TIMEOUT_S)
-                return await conn.dht.transport.ping(a.peer_id, a.addrs, timeout_s=PING_TIMEOUT_S)
+                    return await relay_dial.ping(identity, a.relay_addrs, a.peer_id, timeout_s=PING_TIMEOUT_S), None
+                return await conn.dht.transport.probe(a.peer_id, a.addrs, timeout_s=PING_TIMEOUT_S)
         except (SwarmError, TimeoutError):
-            return None
+            return None, None
 
-    rtts = await asyncio.gather(*(ping(a) for a in peers))
-    return {a.peer_id: ms for a, ms in zip(peers, rtts)}
+    answers = await asyncio.gather(*(ping(a) for a in peers))
+    rtt_ms = {a.peer_id: ms for a, (ms, _) in zip(peers, answers)}
+    return rtt_ms, {a.peer_id: c.offset_s for a, (_, c) in zip(peers, answers) if c is not None}
 
 
 def model_manifest(conn: SwarmConnection, model: str) -> Manifest:

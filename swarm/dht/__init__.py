@@ -9,6 +9,11 @@ Files:
                    (schema, size, peer id bound to the signing key)
     prefix_records.py  a span's prefix holdings record: which prompt prefixes a peer holds KV snapshots
                    of, and where to fetch them; bounded, forward-compatible codec; pure
+    storage.py     hivemind's local storage with bounds per key (count, bytes, lifetime, fair among
+                   signers), swapped into every swarm DHT node
+    clock.py       swarm time: a node's clock offset from ping exchanges (Cristian), median, skew in
+                   words; pure
+    clockwatch.py  probes other nodes' clocks and sets a node's swarm-time offset, logging a skew
     node.py        SwarmDHT (start, announce, withdraw, get_announcements, store_blob/get_blob, shutdown)
                    and run_dht_only for `swarm dht`
 

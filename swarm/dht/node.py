@@ -2,11 +2,16 @@
 
 `SwarmDHT` runs a hivemind DHT (its own process and p2pd) with this peer's persistent identity, signs
 every record it writes with that identity (hivemind's RSASignatureValidator: only the key's owner can
-overwrite its subkey) and checks swarm records at store and read time (swarm.dht.validation). The rest of
-swarm sees `async def` methods and plain swarm types. It also hands out the framed stream transport
+overwrite its subkey) and checks swarm records at store and read time (swarm.dht.validation); its
+storage bounds what it keeps per key (swarm.dht.storage). It writes and reads expirations in swarm time:
+its clock plus the offset measured against other nodes (`clock_offset_s`, swarm.dht.clock), so a wrong
+clock neither gets its records refused nor keeps a dead peer listed. The rest of swarm sees
+`async def` methods and plain swarm types. It also hands out the framed stream transport
 (swarm.p2p.SwarmP2P) on the same daemon, so announcements and streams share one peer id.
 
-This module makes no routing decisions and does not interpret blobs.
+This module makes no routing decisions and does not interpret blobs. It stays one file past the
+house's ~400 lines: it is the one place that calls hivemind's DHT (start, store with its expiration
+ordering and retries, read), which the rest of swarm must not see.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ if "HIVEMIND_LOGLEVEL" not in os.environ:
     # hivemind logs every join at INFO; in `swarm chat` or a Python session that would mix with answers.
     logging.getLogger("hivemind").setLevel(logging.WARNING)
 
+from swarm.dht import storage
+from swarm.dht.clock import SKEW_WARN_S, skew_against
 from swarm.dht.identity import Identity, load_or_create_identity
 from swarm.dht.records import (
     ANNOUNCE_SUBKEY_TAG,
@@ -111,6 +118,11 @@ class SwarmDHT:
         self.transport = transport
         self._maddrs = maddrs
         self._last_expiration: dict[tuple[str, bytes], float] = {}  # (key, subkey) -> newest own record
+        self._dropped_spans: set[tuple[str, int, int, int]] = set()  # logged once each
+        self.clock_offset_s = 0.0
+        """Swarm time minus this machine's clock, seconds (set from clock probes; 0 until measured)."""
+        self.clock_peers = 0
+        """How many other nodes `clock_offset_s` was measured against (0: not measured)."""
 
     @classmethod
     async def start(
@@ -161,6 +173,7 @@ class SwarmDHT:
             maddrs = [str(m) for m in await asyncio.to_thread(dht.get_visible_maddrs)]
             maddrs = reachable_first(maddrs)
             transport = await SwarmP2P.create(await dht.replicate_p2p())
+            await dht.run_coroutine(storage.install, return_future=True)
         except Exception as e:  # hivemind raises P2PDaemonError, ValueError, TimeoutError, ... here
             if dht.is_alive():
                 await asyncio.to_thread(dht.shutdown)
@@ -168,6 +181,18 @@ class SwarmDHT:
                 raise DHTError(f"could not reach any initial peer ({', '.join(initial_peers)})") from e
             raise DHTError(f"DHT node did not start: {_first_line(e)}") from e
         return cls(dht, identity, signer, transport, maddrs)
+
+    def now(self) -> float:
+        """Swarm time, seconds: DHT time (this machine's wall clock) plus `clock_offset_s`."""
+        return get_dht_time() + self.clock_offset_s
+
+    def clock_words(self) -> str:
+        """This node's clock against the swarm's, in words ("120 s behind the swarm's median of 3
+        nodes"); empty when not measured or within clock.SKEW_WARN_S."""
+        if not self.clock_peers or abs(self.clock_offset_s) <= SKEW_WARN_S:
+            return ""
+        median = f"the swarm's median of {self.clock_peers} nodes"
+        return f"this machine's clock is {skew_against(-self.clock_offset_s, median)}"
 
     @property
     def peer_id(self) -> str:
@@ -186,7 +211,7 @@ class SwarmDHT:
             ann: the offer; its peer_id must be this node's; its expires_at is replaced.
             expiration_s: lifetime in seconds from now, in (0, limits.MAX_RECORD_TTL_S].
         Returns:
-            the announcement as stored: expires_at is DHT time now + expiration_s, or just after this
+            the announcement as stored: expires_at is swarm time now + expiration_s, or just after this
             peer's previous record for the model if that expires later (e.g. a recent withdrawal).
         Raises:
             ProtocolError: the announcement violates the record schema, names another peer id, or
@@ -198,7 +223,7 @@ class SwarmDHT:
         _check_expiration(expiration_s)
         stored_at = await self._store_own_span(
             ann.model_id,
-            get_dht_time() + expiration_s,
+            self.now() + expiration_s,
             lambda expires_at: encode_announcement(dataclasses.replace(ann, expires_at=expires_at)),
         )
         return dataclasses.replace(ann, expires_at=stored_at)
@@ -210,7 +235,7 @@ class SwarmDHT:
         Raises:
             DHTError: no DHT node accepted the tombstone.
         """
-        await self._store_own_span(model_id, get_dht_time() + TOMBSTONE_TTL_S, lambda expires_at: None)
+        await self._store_own_span(model_id, self.now() + TOMBSTONE_TTL_S, lambda expires_at: None)
 
     async def _store_own_span(self, model_id: str, wanted_expiration: float, make_value) -> float:
         """Write this peer's announcement subkey with an expiration later than any record it wrote there
@@ -254,19 +279,22 @@ class SwarmDHT:
         """Latest live announcements for `model_id`, one per peer, sorted by (start, peer_id).
 
         Every returned record was signed by the key of its peer_id, matches the schema, names this
-        model and has not expired; anything else (forged, malformed, tombstones) is dropped. With
-        `n_layers` (the model's layer count, when the reader knows it), a span ending past it is
-        dropped too, with a log line.
+        model and has not expired in swarm time; anything else (forged, malformed, tombstones) is
+        dropped. With `n_layers` (the model's layer count, when the reader knows it), a span ending
+        past it is dropped too, with a log line (once per peer and span).
         """
-        now = get_dht_time()
+        now = self.now()
         found = []
         for subkey, value, expires_at in await self._get_entries(announcements_key(model_id)):
             ann = check_announcement(subkey, value) if value is not None else None
             if ann is None or ann.model_id != model_id or min(ann.expires_at, expires_at) <= now:
                 continue
             if n_layers is not None and ann.end > n_layers:
-                logger.warning("dropped %s…'s span %d:%d: the model has %d layers", ann.peer_id[:12],
-                               ann.start, ann.end, n_layers)
+                seen = (ann.peer_id, ann.start, ann.end, n_layers)
+                if seen not in self._dropped_spans:
+                    self._dropped_spans.add(seen)
+                    logger.warning("ignored %s…'s announcement of layers %d:%d: the model has %d layers",
+                                   ann.peer_id[:12], ann.start, ann.end, n_layers)
                 continue
             found.append(ann)
         return sorted(found, key=lambda a: (a.start, a.peer_id))
@@ -292,12 +320,12 @@ class SwarmDHT:
         # A restarted peer (same identity) may find its previous run's blob expiring later than the new
         # one; hivemind keeps the later one, so write just after it.
         await self._store_latest(
-            key, BLOB_SUBKEY_TAG + name + self._owner_marker, get_dht_time() + expiration_s, lambda _: value
+            key, BLOB_SUBKEY_TAG + name + self._owner_marker, self.now() + expiration_s, lambda _: value
         )
 
     async def get_blob(self, key: str) -> list[Blob]:
         """All live, signed blobs under `key`, sorted by (name, owner_peer_id); erased ones are omitted."""
-        now = get_dht_time()
+        now = self.now()
         found = []
         for subkey, value, expires_at in await self._get_entries(key):
             name, owner = blob_name(subkey), owner_public_key(subkey)
@@ -313,23 +341,34 @@ class SwarmDHT:
         await asyncio.to_thread(self._dht.shutdown)
 
     async def _store(self, key: str, subkey: bytes, value, expires_at: float) -> None:
-        ok = await self._dht.store(key, value, expiration_time=expires_at, subkey=subkey, return_future=True)
+        # A clock ahead of the swarm's makes this node's own storage find swarm-time records expired.
+        ahead = self.clock_offset_s < -SKEW_WARN_S
+        ok = await self._dht.store(
+            key, value, expiration_time=expires_at, subkey=subkey, exclude_self=ahead, return_future=True
+        )
         if not ok:
+            clock = self.clock_words()
             raise DHTError(
-                f"no DHT node accepted the record under {key!r}: none was reachable (at start: are the "
-                "initial peers up and reachable?), or the DHT holds a newer record"
+                f"no DHT node accepted the record under {key!r}: "
+                + (f"refused: {clock}, so its expirations look wrong to others; set the clock (NTP)"
+                   if clock else "none was reachable (at start: are the initial peers up and reachable?), "
+                   "or the DHT holds a newer record")
             )
 
     async def _get_entries(self, key: str) -> list[tuple[bytes, object, float]]:
         """(subkey, value, expiration) of the subkeys under `key`, newest copy found in the DHT, at most
-        MAX_SUBKEYS_PER_OWNER per signing key and MAX_SUBKEYS_PER_KEY in all (latest expiring first)."""
+        MAX_SUBKEYS_PER_OWNER per signing key and MAX_SUBKEYS_PER_KEY in all (latest expiring first).
+
+        A record expiring more than MAX_RECORD_TTL_S + clock.SKEW_WARN_S past swarm time is dropped
+        here, one record at a time (honest nodes refuse to store it: swarm.dht.storage)."""
         result = await self._dht.get(key, latest=True, return_future=True)
         if result is None or not isinstance(result.value, dict):
             return []
+        latest = self.now() + MAX_RECORD_TTL_S + SKEW_WARN_S
         entries = [
             (subkey, item.value, item.expiration_time)
             for subkey, item in result.value.items()
-            if isinstance(subkey, bytes)
+            if isinstance(subkey, bytes) and item.expiration_time <= latest
         ]
         kept = bound_entries(entries)
         if len(kept) < len(entries):

@@ -11,11 +11,15 @@ unsigned, forged and malformed swarm records at store time; readers run the same
 The DHT of a swarm holds swarm records only: every record must be one of those two kinds, signed. A plain
 value (no subkey) or any other subkey is refused, because the validator sees only the hash of a key and
 so cannot tell a swarm key from another; a plain value under `swarm/<model_id>/spans` would otherwise
-replace every peer's announcement at once. A record may not expire more than limits.MAX_RECORD_TTL_S
-past now (so a stranger cannot pin a record for years), an announcement's span must satisfy
+replace every peer's announcement at once. An announcement's span must satisfy
 0 <= start < end <= limits.MAX_LAYERS (the model's own layer count is checked by readers, which know
 it), an announcement lies under the spans key of the model it names, and a subkey ends with its one
 owner marker (so one signing key owns one announcement subkey per DHT key).
+
+The checks depend on nothing but the record: hivemind refuses a whole dictionary on read when one of
+its subkeys fails them, so a check that could pass on the storing node and fail on a reader (an
+expiration bound against each one's clock) would let one record hide a key's every peer. Expirations
+and sizes are bounded at store time by each node's storage (swarm.dht.storage).
 
 `bound_entries` is the reader's bound on how many records of one key it accepts.
 
@@ -25,13 +29,13 @@ This module does not store, fetch or decide anything about routes.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from hivemind.utils import MSGPackSerializer, get_dht_time
+from hivemind.utils import MSGPackSerializer
 from hivemind.utils.crypto import RSAPublicKey
 
 from swarm.dht.records import (
@@ -43,7 +47,7 @@ from swarm.dht.records import (
     announcements_key,
     decode_announcement,
 )
-from swarm.limits import MAX_RECORD_TTL_S, MAX_SUBKEYS_PER_KEY, MAX_SUBKEYS_PER_OWNER
+from swarm.limits import MAX_SUBKEYS_PER_KEY, MAX_SUBKEYS_PER_OWNER
 from swarm.peerid import peer_id_of_public_key
 
 
@@ -102,7 +106,7 @@ def check_announcement(subkey: bytes, value: Any) -> Optional[Announcement]:
     return ann
 
 
-def record_is_valid(key: bytes, subkey: Any, value: Any, expiration_time: float, now: float) -> bool:
+def record_is_valid(key: bytes, subkey: Any, value: Any) -> bool:
     """The swarm's check of one decoded, signature-checked record (see module docstring); pure.
 
     Args:
@@ -110,14 +114,10 @@ def record_is_valid(key: bytes, subkey: Any, value: Any, expiration_time: float,
             spans key of the model it names.
         subkey: the decoded subkey (None for a plain value).
         value: the decoded value (None for a tombstone).
-        expiration_time: the record's expiration, DHT time (s).
-        now: DHT time now (s).
     Returns:
-        True for a well-formed announcement or blob record (or its tombstone) that owns an owner marker
-        and expires at most MAX_RECORD_TTL_S after `now`; False for anything else.
+        True for a well-formed announcement or blob record (or its tombstone) that owns an owner marker;
+        False for anything else.
     """
-    if not expiration_time <= now + MAX_RECORD_TTL_S:
-        return False
     if is_announcement_subkey(subkey):
         if value is None:
             return True
@@ -147,14 +147,8 @@ def bound_entries(entries: list[tuple[bytes, object, float]]) -> list[tuple[byte
 class SwarmRecordValidator(RecordValidatorBase):
     """hivemind record validator for swarm's announcement and blob records (see module docstring).
 
-    Every other record (a plain value, an unknown or unsigned subkey, a far expiration) is refused.
-
-    Args:
-        clock: DHT time now, seconds (hivemind's get_dht_time; tests pass a fixed one).
+    Every other record (a plain value, an unknown or unsigned subkey) is refused.
     """
-
-    def __init__(self, clock: Callable[[], float] = get_dht_time):
-        self._clock = clock
 
     def validate(self, record: DHTRecord) -> bool:
         try:
@@ -162,7 +156,7 @@ class SwarmRecordValidator(RecordValidatorBase):
             value = MSGPackSerializer.loads(record.value)
         except Exception:  # msgpack raises several unrelated types on garbage; hivemind writes msgpack only
             return False
-        return record_is_valid(record.key, subkey, value, record.expiration_time, self._clock())
+        return record_is_valid(record.key, subkey, value)
 
     @property
     def priority(self) -> int:

@@ -2,7 +2,8 @@
 
 The record carries live numbers (free KV-cache tokens, free session slots) read from the span
 (`swarm.peer.span.Span.record`, the one place a peer's record is made) at each refresh, so clients
-route around a full peer within one period.
+route around a full peer within one period. Before each announcement the peer measures its clock
+against other nodes (swarm.dht.clockwatch), so its expirations are in the swarm's time.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import time
 
 import swarm
+from swarm.dht.clockwatch import clock_targets, measure_clock
 from swarm.dht.node import SwarmDHT
 from swarm.dht.records import MAX_ADDRS, Announcement
 from swarm.errors import SwarmError
@@ -35,13 +37,16 @@ class Announcer:
         direct_addrs: TCP multiaddrs of the peer's direct-stream listener (swarm.direct), if any.
         relayed: the peer cannot be dialled (`--reachability private`): it announces no libp2p or
             direct address, only `relay_addrs`.
+        initial_peers: multiaddrs the peer joined through; clock probes fall back on them.
     Attributes:
         relay_addrs: the relay addresses announced (swarm.relay.registrar sets them).
     """
 
     def __init__(self, dht: SwarmDHT, span: Span, period_s: float, public_name: str | None,
-                 direct_addrs: tuple[str, ...] = (), relayed: bool = False):
+                 direct_addrs: tuple[str, ...] = (), relayed: bool = False,
+                 initial_peers: tuple[str, ...] = ()):
         self._dht, self._span = dht, span
+        self._initial_peers = initial_peers
         self._period_s = period_s
         self._public_name = public_name
         self._direct_addrs = () if relayed else direct_addrs[:MAX_ADDRS]
@@ -74,7 +79,13 @@ class Announcer:
         )
 
     async def announce_once(self) -> None:
-        """Publish now. Raises DHTError or ProtocolError when no node stores it."""
+        """Measure the clock against other nodes, then publish. Raises DHTError or ProtocolError when no
+        node stores the record."""
+        try:
+            announced = await self._dht.get_announcements(self._span.model_id)
+        except SwarmError:
+            announced = []
+        await measure_clock(self._dht, clock_targets(self._dht.peer_id, announced, self._initial_peers))
         await self._dht.announce(self.record(), expiration_s=self._period_s * EXPIRY_PERIODS)
 
     async def set_relay(self, relay_addrs: tuple[str, ...]) -> None:

@@ -132,7 +132,7 @@ def _budget(cfg: ServeConfig, manifest: Manifest) -> SpanBudget:
 
 async def _choose_layers(cfg: ServeConfig, dht: SwarmDHT, manifest: Manifest) -> tuple[int, int]:
     """`cfg.layers` (with a warning when they cannot chain), or the placement's choice."""
-    announced = peer_spans(await dht.get_announcements(manifest.model_id))
+    announced = peer_spans(await dht.get_announcements(manifest.model_id, manifest.n_layers))
     if cfg.layers is not None:
         start, end = cfg.layers
         check_span(manifest, start, end)
@@ -233,7 +233,8 @@ class Mover:
         """The rebalancer of this peer's span, moving it with `move`."""
 
         async def announcements() -> list[PeerSpan]:
-            return peer_spans(await self.dht.get_announcements(self.manifest.model_id))
+            m = self.manifest
+            return peer_spans(await self.dht.get_announcements(m.model_id, m.n_layers))
 
         def me() -> PeerSpan:
             # its own drain does not count against staying: the room it has when it serves on

@@ -38,7 +38,7 @@ from swarm.peer.handler import PeerStreams, handle_push, handle_stream
 from swarm.peer.metrics import PeerMetrics
 from swarm.peer.rules import SHUTTING_DOWN_MESSAGE
 from swarm.peer.span import Span
-from swarm.p2p import echo_until_closed
+from swarm.p2p import answer_pings
 from swarm.peer import testlie
 from swarm.proctree import descendants
 from swarm.relay import dial as relay_dial
@@ -127,11 +127,12 @@ async def serve(
             await dht.transport.serve(
                 SNAPSHOT_PROTOCOL, partial(_serve_snapshot, span, cfg.debug_tamper_snapshots)
             )
-        announcer = Announcer(dht, span, cfg.announce_period_s, cfg.public_name, direct_addrs, roles.use)
+        announcer = Announcer(dht, span, cfg.announce_period_s, cfg.public_name, direct_addrs, roles.use,
+                              tuple(cfg.initial_peers))
         tasks = []
         if roles.use:
             registrar = RelayRegistrar(dht, identity, dht.transport, {
-                SPAN_PROTOCOL: span_handler, PUSH_PROTOCOL: push_handler, PING_PROTOCOL: echo_until_closed,
+                SPAN_PROTOCOL: span_handler, PUSH_PROTOCOL: push_handler, PING_PROTOCOL: answer_pings,
             }, announcer.set_relay)
             tasks.append(asyncio.create_task(registrar.run()))
             try:

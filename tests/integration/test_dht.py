@@ -4,16 +4,19 @@ expire, reject forged records, persistent identity."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import hivemind
 import pytest
 from hivemind.dht.crypto import RSASignatureValidator
-from hivemind.utils import get_dht_time
+from hivemind.dht.routing import DHTID
+from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from swarm.dht.identity import IdentityError, load_or_create_identity
 from swarm.dht.node import DHTError, SwarmDHT
 from swarm.dht.records import ANNOUNCE_SUBKEY_TAG, Announcement, announcements_key, encode_announcement
 from swarm.errors import ProtocolError
+from swarm.limits import MAX_SUBKEYS_PER_OWNER
 
 from tests.helpers.peers import wait_for
 
@@ -255,6 +258,72 @@ def test_a_strangers_plain_value_does_not_erase_the_swarm(loop, nodes):
     loop.run_until_complete(b.announce(announcement(b, model, start=25, end=31), expiration_s=60))
     poll(loop, lambda: c.get_announcements(model), "C sees 25:31", lambda got: [x.end for x in got] == [31])
     assert loop.run_until_complete(c.get_announcements(model, 30)) == []
+
+
+JUNK_SUBKEYS = 20_000
+"""issue 24: 20,000 junk subkeys of 1 kB each under one model's spans key."""
+
+
+async def _store_junk(key: str, names: range, marker: bytes, value: bytes, expiration: float, _dht, node) -> int:
+    """Run inside an attacker's hivemind DHT process (the subkeys are made there: hivemind's pipe to it
+    takes small messages only): store blob:junk<i> signed by `marker`'s key for i in `names`, return
+    how many were accepted."""
+    subkeys = [b"blob:junk%d" % i + marker for i in names]
+    ok = await node.store_many([key] * len(subkeys), [value] * len(subkeys), expiration, subkeys=subkeys)
+    return sum(bool(x) for x in ok.values())
+
+
+async def _held(key: str, _dht, node) -> tuple[int, int]:
+    """Run inside a DHT node's process: (subkeys, bytes) its storage holds under `key`, the bytes being
+    what it sends a reader who asks for the key (hivemind serializes the stored dictionary whole)."""
+    item = node.protocol.storage.get(DHTID.generate(source=key))
+    if item is None:
+        return 0, 0
+    return len(list(item.value.items())), len(MSGPackSerializer.dumps(item.value))
+
+
+def test_twenty_thousand_signed_junk_subkeys_stay_bounded(loop, nodes, tmp_path):
+    """issue 24: a stranger stored 20,000 junk subkeys of 1 kB under a model's spans key and every
+    reader downloaded ~20 MB. Now they must be signed, and each node stores at most
+    MAX_SUBKEYS_PER_OWNER of one signer's (and at most MAX_KEY_BYTES per key), so a reader downloads
+    under 300 kB from each node; the honest peer is still listed and can refresh; a signed record
+    expiring in 10 years is refused."""
+    a, b, c = nodes
+    model = "d2" * 16
+    key = announcements_key(model)
+    loop.run_until_complete(b.announce(announcement(b, model), expiration_s=120))
+    poll(loop, lambda: c.get_announcements(model), "C sees B's announcement", lambda got: len(got) == 1)
+
+    attacker = load_or_create_identity(tmp_path / "junk")
+    signer = RSASignatureValidator(attacker.private_key)
+    stranger = hivemind.DHT(initial_peers=a.visible_maddrs(), start=True, client_mode=True,
+                            record_validators=[signer])
+    try:
+        accepted = 0
+        marker = signer.local_public_key
+        for first in range(0, JUNK_SUBKEYS, 1000):
+            batch = range(first, first + 1000)
+            accepted += stranger.run_coroutine(
+                functools.partial(_store_junk, key, batch, marker, b"j" * 1000, get_dht_time() + 120)
+            )
+        ten_years = functools.partial(_store_junk, key, range(JUNK_SUBKEYS, JUNK_SUBKEYS + 1), marker, b"p",
+                                      get_dht_time() + 10 * 365 * 86400)
+        assert stranger.run_coroutine(ten_years) == 0
+    finally:
+        stranger.shutdown()
+    assert 0 < accepted <= MAX_SUBKEYS_PER_OWNER  # every batch past the first share refused
+    held = [node._dht.run_coroutine(functools.partial(_held, key)) for node in nodes]  # noqa: SLF001
+    storing = [(n, size) for n, size in held if n]
+    assert storing, held
+    for n, size in storing:
+        assert n <= MAX_SUBKEYS_PER_OWNER + 1  # the signer's share, and B's announcement
+        assert size < 300_000  # was ~34 MB: 20,000 signed 1 kB blobs
+    print(f"junk flood: {JUNK_SUBKEYS} signed 1 kB subkeys sent; each storing node keeps (subkeys, bytes) "
+          f"{storing}")
+    assert [x.peer_id for x in loop.run_until_complete(c.get_announcements(model))] == [b.peer_id]
+    loop.run_until_complete(b.announce(announcement(b, model, start=0), expiration_s=120))
+    found = poll(loop, lambda: c.get_announcements(model), "C sees B's refresh", lambda g: g[0].start == 0)
+    assert [x.peer_id for x in found] == [b.peer_id]
 
 
 def test_identity_persists_per_data_dir(loop, tmp_path):

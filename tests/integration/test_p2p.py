@@ -175,6 +175,16 @@ def test_ping_and_unreachable_errors(loop, peers):
         loop.run_until_complete(c1.transport.open_stream(server.node.peer_id, ["/ip4/nonsense"], ECHO))
 
 
+def test_a_ping_carries_the_responders_wall_time(loop, peers):
+    """Both nodes run on this machine's one clock: the offset is within half the round trip (plus
+    float rounding)."""
+    server, c1, _ = peers
+    probing = c1.transport.probe(server.node.peer_id, server.node.visible_maddrs())
+    rtt_ms, clock = loop.run_until_complete(probing)
+    assert rtt_ms > 0.0 and clock is not None
+    assert abs(clock.offset_s) <= clock.rtt_s / 2 + 1e-3
+
+
 def test_peer_dying_mid_stream_is_a_clear_error(loop, tmp_path):
     async def run() -> None:
         doomed = await SwarmDHT.start(data_dir=tmp_path / "doomed")

@@ -12,7 +12,7 @@ import pytest
 from swarm.dht.node import SwarmDHT
 from swarm.direct import direct_maddrs
 from swarm.limits import PING_PROTOCOL
-from swarm.p2p import FramedStream, echo_until_closed
+from swarm.p2p import FramedStream, answer_pings
 from swarm.relay import dial as relay_dial
 from swarm.relay.dial import RelayRefused
 from swarm.relay.handshake import RelayIdentity
@@ -60,7 +60,7 @@ def lab(loop, tmp_path_factory):
         relay1 = await _relay(r1, RelayLimits(max_conns_per_peer=2))
         private = await SwarmDHT.start(r1.visible_maddrs(), data_dir=tmp / "private")
         registrar = RelayRegistrar(private, RelayIdentity(private.identity.private_key), private.transport,
-                                   {ECHO: seen.echo, PING_PROTOCOL: echo_until_closed}, seen.on_relay)
+                                   {ECHO: seen.echo, PING_PROTOCOL: answer_pings}, seen.on_relay)
         running = asyncio.ensure_future(registrar.run())
         await asyncio.wait_for(registrar.registered.wait(), 60)
         r2 = await SwarmDHT.start(r1.visible_maddrs(), data_dir=tmp / "r2")

@@ -168,11 +168,7 @@ def test_validator_rejects_forged_unsigned_malformed_and_impersonating_records()
 
 
 NOW = 1.8e9
-"""A fixed DHT time for the expiration checks."""
-
-
-def chain_at(now: float = NOW) -> CompositeValidator:
-    return CompositeValidator([RSASignatureValidator(KEY), SwarmRecordValidator(clock=lambda: now)])
+"""A DHT time for records' expirations."""
 
 
 def test_validator_refuses_foreign_records():
@@ -186,7 +182,7 @@ def test_validator_refuses_a_plain_value_without_subkey():
     good = encode_announcement(make_ann())
     for value in (good, b"x", None, {}):
         plain = DHTRecord(b"k" * 20, MSGPackSerializer.dumps(None), MSGPackSerializer.dumps(value), NOW + 60)
-        assert not chain_at().validate(plain)
+        assert not chain().validate(plain)
 
 
 def test_validator_refuses_unsigned_subkeys():
@@ -196,29 +192,27 @@ def test_validator_refuses_unsigned_subkeys():
     trailing = (ANNOUNCE_SUBKEY_TAG + marker + b"x", b"blob:x" + marker + b"y")
     for subkey in (b"junk0001", b"blob:x", b"span", *trailing):
         record = DHTRecord(b"k" * 20, MSGPackSerializer.dumps(subkey), junk, NOW + 60)
-        assert not chain_at().validate(record), subkey
+        assert not chain().validate(record), subkey
     # appended bytes make another subkey, even when signed by the marker's owner
-    assert not chain_at().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, None, suffix=b"x"))
-    assert not chain_at().validate(_signed_record(KEY, BLOB_SUBKEY_TAG + b"n", b"v", suffix=b"x"))
+    assert not chain().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, None, suffix=b"x"))
+    assert not chain().validate(_signed_record(KEY, BLOB_SUBKEY_TAG + b"n", b"v", suffix=b"x"))
 
 
-def test_validator_refuses_far_expirations():
+def test_validator_passes_any_expiration():
+    """The validators do not check expirations (each node's storage does, at store time): on read,
+    hivemind drops a whole dictionary when one subkey fails them, and an expiration near the bound
+    would pass on the storing node and fail on a reader whose clock is a few seconds slower."""
     good = encode_announcement(make_ann())
-    ten_years = NOW + 10 * 365 * 86400
-    last = NOW + MAX_RECORD_TTL_S
-    kinds = ((ANNOUNCE_SUBKEY_TAG, good), (ANNOUNCE_SUBKEY_TAG, None), (BLOB_SUBKEY_TAG + b"b", b"v"))
-    for subkey, value in kinds:
-        assert not chain_at().validate(_signed_record(KEY, subkey, value, expiration=ten_years))
-        assert not chain_at().validate(_signed_record(KEY, subkey, value, expiration=last + 1))
-        assert chain_at().validate(_signed_record(KEY, subkey, value, expiration=last))
+    for expiration in (NOW - 1, NOW + MAX_RECORD_TTL_S + 5, NOW + 10 * 365 * 86400):
+        assert chain().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, good, expiration=expiration))
 
 
 @pytest.mark.parametrize("start, end", [(0, 100_000), (25, MAX_LAYERS + 1), (MAX_LAYERS, MAX_LAYERS + 1)])
 def test_validator_refuses_spans_outside_any_model(start, end):
     bad = dict(encode_announcement(make_ann()), start=start, end=end)
-    assert not chain_at().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, bad, expiration=NOW + 60))
+    assert not chain().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, bad, expiration=NOW + 60))
     good = dict(bad, start=0, end=MAX_LAYERS)
-    assert chain_at().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, good, expiration=NOW + 60))
+    assert chain().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, good, expiration=NOW + 60))
 
 
 def test_check_announcement_binds_peer_id_to_subkey_owner():
