@@ -7,6 +7,7 @@ import os
 
 from swarm.cli.args import add_peer_args, byte_size, check_swarm_choice, layers, positive
 from swarm.models import DEFAULT_MODEL
+from swarm.peer.quotas import CLIENT_BYTES, CLIENT_STREAMS, MAX_BUFFERED_BYTES, MAX_STREAMS, ClientLimits
 
 
 def register(sub) -> None:
@@ -86,6 +87,21 @@ def register(sub) -> None:
     direct.add_argument(
         "--no-direct", action="store_true", help="offer no direct streams: clients use libp2p streams only"
     )
+    lim = s.add_argument_group(
+        "limits per client", "what one client (one peer id) may hold here; BUSY past them, with the limit named"
+    )
+    lim.add_argument("--client-sessions", type=positive, default=None,
+                     help="sessions per client (default: half of --max-sessions, rounded up)")
+    lim.add_argument("--client-kv-tokens", type=positive, default=None,
+                     help="KV tokens reserved per client (default: half of the cache)")
+    lim.add_argument("--client-streams", type=positive, default=CLIENT_STREAMS,
+                     help=f"span and push streams open per client (default {CLIENT_STREAMS})")
+    lim.add_argument("--client-bytes", type=byte_size, default=CLIENT_BYTES,
+                     help="frame bytes in flight per client, at least 64MiB (default 128MiB)")
+    lim.add_argument("--max-streams", type=positive, default=MAX_STREAMS,
+                     help=f"span and push streams open from all clients (default {MAX_STREAMS})")
+    lim.add_argument("--max-buffered-bytes", type=byte_size, default=MAX_BUFFERED_BYTES,
+                     help="frame bytes in flight from all clients; a frame waits for room (default 256MiB)")
     s.add_argument("--inline-max-ms", type=float, default=None, help=argparse.SUPPRESS)  # benchmarks
     s.set_defaults(func=_serve)
 
@@ -126,6 +142,8 @@ def _serve(args) -> None:
             debug_die_after_pushes=args.debug_die_after_pushes,
             metrics_port=args.metrics_port,
             direct_port=None if args.no_direct else args.direct_port,
+            limits=ClientLimits(args.client_sessions, args.client_kv_tokens, args.client_streams,
+                                args.client_bytes, args.max_streams, args.max_buffered_bytes),
             **({} if args.inline_max_ms is None else {"inline_max_ms": args.inline_max_ms}),
         )
     )

@@ -15,6 +15,7 @@ import swarm
 from swarm.dht.node import SwarmDHT
 from swarm.dht.records import MAX_ADDRS, Announcement
 from swarm.errors import SwarmError
+from swarm.peer.quotas import ClientLimits
 from swarm.peer.span import Span
 from swarm.wire import PROTOCOL_GENERATION
 
@@ -33,15 +34,17 @@ class Announcer:
         period_s: refresh period, seconds.
         public_name: optional display name.
         direct_addrs: TCP multiaddrs of the peer's direct-stream listener (swarm.direct), if any.
+        limits: the peer's limits per client; sessions and KV tokens are read from the span's table.
     """
 
     def __init__(self, dht: SwarmDHT, span: Span, period_s: float, public_name: str | None,
-                 direct_addrs: tuple[str, ...] = ()):
+                 direct_addrs: tuple[str, ...] = (), limits: ClientLimits = ClientLimits()):
         self._dht, self._span = dht, span
         self._period_s = period_s
         self._public_name = public_name
         self._direct_addrs = direct_addrs[:MAX_ADDRS]
         self._started_at = time.time()
+        self._limits = limits
 
     def record(self) -> Announcement:
         """The announcement as of now (expires_at is set by the DHT wrapper)."""
@@ -63,6 +66,12 @@ class Announcer:
             expires_at=0.0,
             started_at=r.incarnation,
             direct_addrs=self._direct_addrs,
+            client_sessions=self._span.sessions.owner_sessions,
+            client_kv_tokens=self._span.sessions.owner_tokens,
+            client_streams=self._limits.streams,
+            client_bytes=self._limits.bytes,
+            max_streams=self._limits.max_streams,
+            max_buffered_bytes=self._limits.max_buffered_bytes,
         )
 
     async def announce_once(self) -> None:

@@ -34,6 +34,7 @@ from swarm.peer.build import Mover, check_span, open_span
 from swarm.peer.config import ServeConfig, check_config
 from swarm.peer.handler import PeerStreams, handle_push, handle_stream
 from swarm.peer.metrics import PeerMetrics
+from swarm.peer.quotas import ClientLedger
 from swarm.peer.rules import SHUTTING_DOWN_MESSAGE
 from swarm.peer.span import Span
 from swarm.proctree import descendants
@@ -87,13 +88,13 @@ async def serve(
         for maddr in dht.visible_maddrs():
             print(maddr, flush=True)
         span, path, manifest, publication = await open_span(cfg, dht, artifacts, local_path)
-        streams = PeerStreams(span, dial=partial(_dial_push, dht.transport))
+        streams = PeerStreams(span, dial=partial(_dial_push, dht.transport), ledger=ClientLedger(cfg.limits))
         if cfg.debug_die_after_pushes:
             streams.after_push = partial(_die_after, [cfg.debug_die_after_pushes])
         span_handler = partial(handle_stream, streams)
         push_handler = partial(handle_push, streams)
         if cfg.metrics_port is not None:
-            metrics = PeerMetrics(span)
+            metrics = PeerMetrics(span, streams.ledger)
             metrics.serve(net.host, cfg.metrics_port)
             span_handler = metrics.wrap(span_handler)
             push_handler = metrics.wrap_push(push_handler)
@@ -107,7 +108,7 @@ async def serve(
             await dht.transport.serve(
                 SNAPSHOT_PROTOCOL, partial(_serve_snapshot, span, cfg.debug_tamper_snapshots)
             )
-        announcer = Announcer(dht, span, cfg.announce_period_s, cfg.public_name, direct_addrs)
+        announcer = Announcer(dht, span, cfg.announce_period_s, cfg.public_name, direct_addrs, cfg.limits)
         await announcer.announce_once()
         print(
             f"serving layers {span.start}:{span.end} of {manifest.model_id} as {dht.peer_id}"
