@@ -56,7 +56,7 @@ def run(args, peer_maddrs: list[str], peer_id: str, pid: int | None, metrics_por
         reference = client.generate(PROMPT, max_new_tokens=args.tokens).text
         out["rss_before_mib"] = rss_bytes(pid) / 2**20 if pid else None
         loop = LoopThread()
-        dht = loop.run(SwarmDHT.start(peer_maddrs, client_mode=True, data_dir=str(tmp / "fuzzer")), 60)
+        dht = loop.run(SwarmDHT.start(peer_maddrs, client_mode=True, data_dir=str(tmp)), 60)
         try:
             target = target_of(dht, loop, manifest.model_id, manifest.n_embd, peer_id)
             done = threading.Event()
