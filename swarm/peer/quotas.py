@@ -5,7 +5,9 @@ the authenticated peer id of its streams: libp2p's, or the one a direct stream's
 to) may hold: sessions and reserved KV tokens (kept by `swarm.kv.sessions.SessionTable`), open
 streams, and frame bytes in flight (read off the stream and not yet answered). Across all clients
 it caps concurrent streams and buffered frame bytes, so many clients together cannot exhaust its
-memory either. A frame's bytes are reserved from its length prefix, before its body is read.
+memory either. A frame's bytes are reserved from its length prefix, before its body is read; a
+small frame (a decode step's) never waits for the peer's budget, so stalled bulk frames cannot
+hold up every session's next step.
 
 `ClientLedger` is the accounting: it answers each request with a grant, WAIT (the global byte
 budget is full now; a later release may make room) or a refusal naming the limit, which the peer
@@ -32,6 +34,12 @@ MAX_STREAMS = 256
 MAX_BUFFERED_BYTES = 256 * 1024 * 1024
 """Default most frame bytes a peer holds in flight from all remote peers together: four of the
 largest frames (MAX_FRAME_BYTES, 64 MiB)."""
+
+SMALL_FRAME_BYTES = 1024 * 1024
+"""Frames up to this size never wait for the peer's byte budget (they still count in it, and against
+the client's own): a decode step's frame (4 x n_embd bytes and a header, 256 KiB at n_embd 65,536)
+must not queue behind bulk frames whose senders stall. What they add past the budget is bounded by
+max_streams x SMALL_FRAME_BYTES."""
 
 WAIT = "wait"
 """`ClientLedger.reserve`'s answer when only the global byte budget is short now."""
@@ -129,8 +137,8 @@ class ClientLedger:
         """Reserve `n_bytes` of a frame of `client` before its body is read.
 
         Returns:
-            None: reserved (release it with `release`). WAIT: the global budget is short now; ask
-            again after a release. Else the refusal: the client's own budget cannot take the frame
+            None: reserved (release it with `release`). WAIT: the global budget is short now and the
+            frame is over SMALL_FRAME_BYTES; ask again after a release. Else the refusal: the client's own budget cannot take the frame
             (it has to finish frames in flight first; the peer does not wait for that).
         """
         held = self.bytes[client]
@@ -138,7 +146,7 @@ class ClientLedger:
             self.refusals["client_bytes"] += 1
             return (f"{CLIENT_LIMIT_PREFIX}this client has {held} frame bytes in flight here; a frame of "
                     f"{n_bytes} more would pass client_bytes {self.limits.bytes}")
-        if self.reserved_bytes + n_bytes > self.limits.max_buffered_bytes:
+        if self.reserved_bytes + n_bytes > self.limits.max_buffered_bytes and n_bytes > SMALL_FRAME_BYTES:
             return WAIT
         self.bytes[client] = held + n_bytes
         self.reserved_bytes += n_bytes

@@ -6,7 +6,7 @@ import pytest
 
 from swarm.kv.sessions import CLIENT_LIMIT_PREFIX
 from swarm.limits import MAX_FRAME_BYTES
-from swarm.peer.quotas import WAIT, ClientLedger, ClientLimits, limits_refusal
+from swarm.peer.quotas import SMALL_FRAME_BYTES, WAIT, ClientLedger, ClientLimits, limits_refusal
 
 MIB = 1024 * 1024
 
@@ -51,6 +51,14 @@ def test_frames_wait_while_the_peer_budget_is_full_and_pass_after_a_release():
     assert led.reserve("c", 60 * MIB) is None
     assert led.peak_reserved_bytes == 120 * MIB <= led.limits.max_buffered_bytes
     assert dict(led.bytes) == {"b": 60 * MIB, "c": 60 * MIB}
+
+
+def test_a_small_frame_never_waits_behind_stalled_bulk_frames():
+    led = ledger()
+    assert led.reserve("a", 64 * MIB) is None and led.reserve("b", 64 * MIB) is None
+    assert led.reserve("c", 2 * MIB) == WAIT
+    assert led.reserve("c", SMALL_FRAME_BYTES) is None  # a decode step's frame passes
+    assert led.reserved_bytes == 128 * MIB + SMALL_FRAME_BYTES
 
 
 def test_24_concurrent_60_mib_frames_never_hold_more_than_the_budget():
