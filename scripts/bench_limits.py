@@ -57,8 +57,9 @@ def modest_run(path: Path, maddrs: list[str], tokens: int) -> dict:
     with Client(str(path), initial_peers=maddrs) as client:
         client.generate(PROMPT, max_new_tokens=4)  # warm-up: connections, RTT probes
         g = client.generate(PROMPT, max_new_tokens=tokens)
-    return {"ttft_ms": round(g.telemetry.ttft_ms, 1), "decode_tokens_per_s": round(g.telemetry.decode_tokens_per_s, 1),
-            "text": g.text}
+    t = g.telemetry
+    return {"ttft_ms": round(t.ttft_ms, 1), "decode_tokens_per_s": round(t.decode_tokens_per_s, 1),
+            "generated_tokens": t.generated_tokens, "failovers": len(t.failovers), "text": g.text}
 
 
 def answer(c: RawClient, stream, frame: bytes):
@@ -114,8 +115,8 @@ def fairness(path: Path, peer, tmp: Path, tokens: int, load: str) -> dict:
         "greedy_steps_during": len(steps),
         "idle": {k: v for k, v in idle.items() if k != "text"},
         "loaded": {k: v for k, v in loaded.items() if k != "text"},
-        "ttft_ratio": round(loaded["ttft_ms"] / idle["ttft_ms"], 2),
-        "tokens_per_s_ratio": round(idle["decode_tokens_per_s"] / loaded["decode_tokens_per_s"], 2),
+        "ttft_ratio": round(loaded["ttft_ms"] / max(idle["ttft_ms"], 1e-9), 2),
+        "tokens_per_s_ratio": round(idle["decode_tokens_per_s"] / max(loaded["decode_tokens_per_s"], 1e-9), 2),
         "text_identical": loaded["text"] == idle["text"],
     }
 
