@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from swarm.errors import Busy, ExecutorError, ProtocolError, RequestError, SwarmError
 from swarm.kv.prefix import owner_scoped
 from swarm.kv.sessions import SessionSlot
-from swarm.p2p import FrameRefused, FramedStream
+from swarm.p2p import FrameGate, FrameRefused, FramedStream
 from swarm.peer import rules
 from swarm.peer.quotas import WAIT, ClientLedger, ClientLimits
 from swarm.peer.push import OPEN_TIMEOUT_S, Dial, PushState, send_error, serve_push
@@ -81,7 +81,7 @@ class PeerStreams:
     ledger: ClientLedger = field(default_factory=lambda: ClientLedger(ClientLimits()))
     _room: set[asyncio.Future] = field(default_factory=set, init=False, repr=False)
 
-    def gate(self, client: str):
+    def gate(self, client: str) -> FrameGate:
         """The `swarm.p2p.FrameGate` of a stream from `client`: reserves each frame's bytes in the
         ledger before its body is read, waiting while only the peer's budget is short."""
         ledger = self.ledger
