@@ -92,6 +92,7 @@ def run(args, peer_maddrs: list[str], peer_id: str, pid: int | None, metrics_por
         "fuzz_seconds": round(fuzz_s, 1),
         "generations_during_and_after": len(texts),
         "text_identical": all(t == reference for t in texts),
+        "reference_text": reference,
         "rss_peak_during_mib": peak / 2**20 if pid else None,
         "rss_after_mib": rss_bytes(pid) / 2**20 if pid else None,
     })
