@@ -124,7 +124,8 @@ def main() -> None:
             join: tuple[str, ...] = ()
             for i, (a, b) in enumerate(even_spans(n_layers, 3)):
                 first = ("--new-swarm",) if i == 0 else join
-                p = ps.start(f"p{i}", *serve_args(path, f"{a}:{b}", *first, "--max-sessions", "16"))
+                p = ps.start(f"p{i}", *serve_args(path, f"{a}:{b}", *first, "--max-sessions", "16",
+                                                         "--client-sessions", "16"))
                 join = join or ("--initial-peers", p.maddrs[0])
             err = Path(tmp) / "api.log"
             api_proc = subprocess.Popen(

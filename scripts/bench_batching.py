@@ -130,7 +130,8 @@ def bench_peer(path: Path, n: int, n_decode: int, root: Path) -> dict:
     try:
         _, n_layers = read_span_layers(path)
         peer = ps.start("p0", "serve", "--model", str(path), "--layers", f"0:{n_layers}", "--threads", "1",
-                        "--cache-tokens", "4096", "--max-sessions", str(n), "--new-swarm")
+                        "--cache-tokens", "4096", "--max-sessions", str(n), "--client-sessions", str(n),
+                        "--new-swarm")
         with Client(str(path), initial_peers=peer.maddrs) as client:
             client.generate(PROMPTS[0], max_new_tokens=4)  # warm-up: connections, RTT probes
             solo, t_solo = [], []

@@ -6,7 +6,9 @@ knows the remote peer id for sure (that is how a session is bound to its client)
 
 Framing: a 4-byte big-endian length, then that many bytes. A frame longer than the receiver's
 `max_frame_bytes` is refused: the receiver raises ProtocolError and closes that stream only. The same
-framing runs over swarm.direct's TCP connections, where a `FrameCipher` seals every frame.
+framing runs over swarm.direct's TCP connections, where a `FrameCipher` seals every frame. A receiver
+may also set a `FrameGate`, asked with each frame's length before its body is read: it reserves the
+bytes (and may wait for room) or refuses the frame, so a length prefix alone allocates nothing.
 
 This module moves bytes; it does not know what the frames mean (swarm.wire) or where peers are (swarm.dht).
 """
@@ -35,6 +37,17 @@ _HEADER = struct.Struct(">I")
 
 class StreamClosed(PeerUnreachable):
     """The remote side closed the stream cleanly, between two frames."""
+
+
+class FrameRefused(SwarmError):
+    """The stream's `FrameGate` refused the next frame (a limit on bytes in flight). Its body is left
+    unread, so the stream can no longer be read; it stays open for sending the reason, then close it."""
+
+
+FrameGate = Callable[[int], Awaitable[Callable[[], None]]]
+"""Called with a frame's body length (bytes on the wire) before the body is read; returns the function
+that gives the reservation back, which the stream calls at its next `recv` or at `close` (so a frame's
+bytes stay reserved while the receiver works on it). It may wait for room; it raises FrameRefused."""
 
 
 class FrameCipher(Protocol):
@@ -80,6 +93,17 @@ class FramedStream:
         self._reader = reader
         self._writer = writer
         self._closed = False
+        self._gate: FrameGate | None = None
+        self._release: Callable[[], None] | None = None
+
+    def set_gate(self, gate: FrameGate | None) -> None:
+        """Ask `gate` before reading each later frame's body (see `FrameGate`); None: no gate."""
+        self._gate = gate
+
+    def _release_frame(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
     @property
     def closed(self) -> bool:
@@ -138,9 +162,11 @@ class FramedStream:
         Raises:
             StreamClosed: the remote side closed the stream between frames.
             ProtocolError: the announced frame length exceeds max_frame_bytes (the stream is closed).
-            PeerTimeout: no frame within timeout_s (the stream is closed).
+            FrameRefused: the gate refused the frame (the stream stays open for sending; close it).
+            PeerTimeout: no frame within timeout_s, the gate's wait included (the stream is closed).
             PeerUnreachable: the stream broke mid-frame or was reset (the stream is closed).
         """
+        self._release_frame()  # the receiver is done with the previous frame
         if self._closed:
             raise PeerUnreachable(f"stream to {self.remote_peer_id} is closed")
         try:
@@ -149,6 +175,8 @@ class FramedStream:
         except TimeoutError as e:
             await self.close()
             raise PeerTimeout(f"no frame from {self.remote_peer_id} within {timeout_s:.1f} s") from e
+        except FrameRefused:
+            raise
         except SwarmError:
             await self.close()
             raise
@@ -168,6 +196,8 @@ class FramedStream:
                 f"{self.remote_peer_id} sent a frame of {length} bytes, "
                 f"over the limit of {self._max_wire_bytes}"
             )
+        if self._gate is not None:
+            self._release = await self._gate(length)
         try:
             data = await self._reader.readexactly(length)
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
@@ -188,6 +218,7 @@ class FramedStream:
 
     async def close(self) -> None:
         """Close the stream (idempotent). The remote's next recv raises StreamClosed."""
+        self._release_frame()
         if self._closed:
             return
         self._closed = True

@@ -7,6 +7,7 @@ import os
 
 from swarm.cli.args import add_peer_args, add_relay_args, byte_size, check_swarm_choice, layers, positive, relay_limits
 from swarm.models import DEFAULT_MODEL
+from swarm.peer.quotas import CLIENT_BYTES, CLIENT_STREAMS, MAX_BUFFERED_BYTES, MAX_STREAMS, ClientLimits
 
 
 def register(sub) -> None:
@@ -87,6 +88,21 @@ def register(sub) -> None:
         "--no-direct", action="store_true", help="offer no direct streams: clients use libp2p streams only"
     )
     add_relay_args(s)
+    lim = s.add_argument_group(
+        "limits per client", "what one client (one peer id) may hold here; BUSY past them, with the limit named"
+    )
+    lim.add_argument("--client-sessions", type=positive, default=None,
+                     help="sessions per client (default: half of --max-sessions, rounded up)")
+    lim.add_argument("--client-kv-tokens", type=positive, default=None,
+                     help="KV tokens reserved per client (default: half of the cache)")
+    lim.add_argument("--client-streams", type=positive, default=CLIENT_STREAMS,
+                     help=f"span and push streams open per client (default {CLIENT_STREAMS})")
+    lim.add_argument("--client-bytes", type=byte_size, default=CLIENT_BYTES,
+                     help="frame bytes in flight per client, at least 64MiB (default 128MiB)")
+    lim.add_argument("--max-streams", type=positive, default=MAX_STREAMS,
+                     help=f"span and push streams open from all clients (default {MAX_STREAMS})")
+    lim.add_argument("--max-buffered-bytes", type=byte_size, default=MAX_BUFFERED_BYTES,
+                     help="frame bytes in flight from all clients; a frame waits for room (default 256MiB)")
     s.add_argument("--inline-max-ms", type=float, default=None, help=argparse.SUPPRESS)  # benchmarks
     s.set_defaults(func=_serve)
 
@@ -132,6 +148,8 @@ def _serve(args) -> None:
             relay_service=not args.no_relay_service,
             relay_port=args.relay_port,
             relay_limits=relay_limits(args),
+            limits=ClientLimits(args.client_sessions, args.client_kv_tokens, args.client_streams,
+                                args.client_bytes, args.max_streams, args.max_buffered_bytes),
             **({} if args.inline_max_ms is None else {"inline_max_ms": args.inline_max_ms}),
         )
     )

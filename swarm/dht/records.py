@@ -62,6 +62,10 @@ class Announcement:
         relay_addrs: where a peer that cannot be dialled is reached through a relay
             (swarm.relay.records.relay_addr: the relay's TCP endpoint and peer id), at most MAX_ADDRS;
             empty for a reachable peer (and in records of older peers).
+        client_sessions, client_kv_tokens, client_streams, client_bytes: what one client may hold on
+            the peer (`swarm.peer.quotas.ClientLimits`): sessions, reserved KV tokens, open streams,
+            frame bytes in flight; 0 in records of older peers (not announced).
+        max_streams, max_buffered_bytes: the peer's caps over all clients; 0 when not announced.
     """
 
     peer_id: str
@@ -81,6 +85,12 @@ class Announcement:
     started_at: float = 0.0
     direct_addrs: tuple[str, ...] = ()
     relay_addrs: tuple[str, ...] = ()
+    client_sessions: int = 0
+    client_kv_tokens: int = 0
+    client_streams: int = 0
+    client_bytes: int = 0
+    max_streams: int = 0
+    max_buffered_bytes: int = 0
 
 
 _Addr = constr(strict=True, min_length=1, max_length=MAX_ADDR_CHARS)
@@ -106,6 +116,12 @@ class AnnouncementSchema(pydantic.BaseModel):
     started_at: confloat(strict=True, ge=0.0, le=1e12) = 0.0
     direct_addrs: conlist(_Addr, max_items=MAX_ADDRS) = []
     relay_addrs: conlist(_Addr, max_items=MAX_ADDRS) = []
+    client_sessions: conint(strict=True, ge=0, le=1_000_000) = 0
+    client_kv_tokens: conint(strict=True, ge=0, le=2**40) = 0
+    client_streams: conint(strict=True, ge=0, le=1_000_000) = 0
+    client_bytes: conint(strict=True, ge=0, le=2**50) = 0
+    max_streams: conint(strict=True, ge=0, le=1_000_000) = 0
+    max_buffered_bytes: conint(strict=True, ge=0, le=2**50) = 0
 
     class Config:
         extra = pydantic.Extra.ignore

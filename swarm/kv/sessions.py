@@ -11,7 +11,9 @@ lowest free first). The executor gives every seq id a KV stream of its own of
 `session_cap_tokens` cells (cache_tokens / max_sessions), so no session may reserve more than that
 however much of the cache is free; `free_cache_tokens`, which the peer announces and route
 planning compares with a session's length, is what a NEW session could reserve now. A forward step
-may only continue exactly where the session stands.
+may only continue exactly where the session stands. One owner (the client's authenticated peer id)
+may hold at most `owner_sessions` sessions and `owner_tokens` reserved tokens, so one client cannot
+take every slot of a peer (`swarm serve --client-sessions`, `--client-kv-tokens`).
 
 This module does not: touch llama.cpp, read a clock (every call takes `now_s`), or do I/O.
 """
@@ -23,6 +25,11 @@ from dataclasses import dataclass
 
 from swarm.errors import Busy, Forbidden, RequestError
 from swarm.limits import MAX_CONTEXT_TOKENS
+
+
+CLIENT_LIMIT_PREFIX = "client limit: "
+"""Start of every refusal that names a limit per remote client (sessions, KV tokens, streams, frame
+bytes), so a client or a test can tell it from a full peer."""
 
 
 @dataclass
@@ -78,6 +85,9 @@ class SessionTable:
         session_cap_tokens: KV tokens one session's stream holds (`SpanExecutor.n_ctx_seq_tokens`),
             >= 1, or None for no cap but cache_tokens (a cache all sessions share); a request above
             it does not fit this peer (Busy), though another peer may hold it.
+        owner_sessions: most sessions one owner may hold at once, >= 1 (None: max_sessions).
+        owner_tokens: most KV tokens one owner's sessions may reserve together, >= 1 (None:
+            cache_tokens).
     Raises:
         RequestError: an argument is out of range.
     """
@@ -89,6 +99,8 @@ class SessionTable:
         idle_timeout_s: float,
         max_session_tokens: int = MAX_CONTEXT_TOKENS,
         session_cap_tokens: int | None = None,
+        owner_sessions: int | None = None,
+        owner_tokens: int | None = None,
     ):
         self.max_sessions = _check_int("max_sessions", max_sessions, 1, 1 << 16)
         self.cache_tokens = _check_int("cache_tokens", cache_tokens, 1, 1 << 40)
@@ -101,6 +113,10 @@ class SessionTable:
         self._cap_origin = (
             "" if session_cap_tokens is None else f" ({cache_tokens} cache tokens / {max_sessions} sessions)"
         )
+        self.owner_sessions = _check_int(
+            "owner_sessions", self.max_sessions if owner_sessions is None else owner_sessions, 1, 1 << 16)
+        self.owner_tokens = _check_int(
+            "owner_tokens", self.cache_tokens if owner_tokens is None else owner_tokens, 1, 1 << 40)
         self._slots: dict[bytes, SessionSlot] = {}
         self._free_seq_ids = set(range(max_sessions))
         self._reserved = 0
@@ -139,8 +155,10 @@ class SessionTable:
         Raises:
             RequestError: bad arguments, session id already open, or reserved_tokens above
                 max_session_tokens.
-            Busy: reserved_tokens above session_cap_tokens (the message names both numbers), no
-                free seq id, or reserved_tokens above the unreserved tokens (after eviction).
+            Busy: reserved_tokens above session_cap_tokens (the message names both numbers), the
+                owner at its owner_sessions or owner_tokens limit, no free seq id, or
+                reserved_tokens above the unreserved tokens (after eviction). A message naming a
+                per-client limit starts with CLIENT_LIMIT_PREFIX.
         """
         if not isinstance(session_id, bytes) or not session_id:
             raise RequestError("session id must be non-empty bytes")
@@ -157,6 +175,14 @@ class SessionTable:
         evicted = tuple(self.evict_idle(now_s))
         if not self._free_seq_ids:
             raise Busy(f"all {self.max_sessions} session slots are in use")
+        held = [s for s in self._slots.values() if s.owner == owner]
+        if len(held) >= self.owner_sessions:
+            raise Busy(f"{CLIENT_LIMIT_PREFIX}this client holds {len(held)} sessions here, the most one "
+                       f"client may (client_sessions {self.owner_sessions})")
+        owned = sum(s.reserved_tokens for s in held)
+        if owned + reserved_tokens > self.owner_tokens:
+            raise Busy(f"{CLIENT_LIMIT_PREFIX}this client's sessions reserve {owned} KV tokens here; "
+                       f"{reserved_tokens} more would pass client_kv_tokens {self.owner_tokens}")
         if reserved_tokens > self.unreserved_tokens:
             raise Busy(f"session needs {reserved_tokens} KV tokens, {self.unreserved_tokens} are free")
         seq_id = min(self._free_seq_ids)

@@ -11,6 +11,7 @@ Files:
     rules.py     pure decisions shared with sim/: Open refusals, pushed steps, rewinds, truncate and
                  restore preconditions, the announced record
     handler.py   one client stream: the session loop of the span protocol (swarm/wire.py)
+    quotas.py    pure limits per remote client (streams, frame bytes in flight) and the peer's caps
     push.py      server push: a chained session's stream to its next hop, push streams from the previous
     scheduler.py a span's executor work: decode steps of many sessions batched, prefills cut into
                  fair chunks, inline or threaded by measured cost

@@ -17,6 +17,7 @@ from swarm.dht.clockwatch import clock_targets, measure_clock
 from swarm.dht.node import SwarmDHT
 from swarm.dht.records import MAX_ADDRS, Announcement
 from swarm.errors import SwarmError
+from swarm.peer.quotas import ClientLimits
 from swarm.peer.span import Span
 from swarm.wire import PROTOCOL_GENERATION
 
@@ -38,13 +39,14 @@ class Announcer:
         relayed: the peer cannot be dialled (`--reachability private`): it announces no libp2p or
             direct address, only `relay_addrs`.
         initial_peers: multiaddrs the peer joined through; clock probes fall back on them.
+        limits: the peer's limits per client; sessions and KV tokens are read from the span's table.
     Attributes:
         relay_addrs: the relay addresses announced (swarm.relay.registrar sets them).
     """
 
     def __init__(self, dht: SwarmDHT, span: Span, period_s: float, public_name: str | None,
                  direct_addrs: tuple[str, ...] = (), relayed: bool = False,
-                 initial_peers: tuple[str, ...] = ()):
+                 initial_peers: tuple[str, ...] = (), limits: ClientLimits = ClientLimits()):
         self._dht, self._span = dht, span
         self._initial_peers = initial_peers
         self._period_s = period_s
@@ -53,6 +55,7 @@ class Announcer:
         self._relayed = relayed
         self.relay_addrs: tuple[str, ...] = ()
         self._started_at = time.time()
+        self._limits = limits
 
     def record(self) -> Announcement:
         """The announcement as of now (expires_at is set by the DHT wrapper)."""
@@ -76,6 +79,12 @@ class Announcer:
             started_at=r.incarnation,
             direct_addrs=self._direct_addrs,
             relay_addrs=self.relay_addrs[:MAX_ADDRS],
+            client_sessions=self._span.sessions.owner_sessions,
+            client_kv_tokens=self._span.sessions.owner_tokens,
+            client_streams=self._limits.streams,
+            client_bytes=self._limits.bytes,
+            max_streams=self._limits.max_streams,
+            max_buffered_bytes=self._limits.max_buffered_bytes,
         )
 
     async def announce_once(self) -> None:

@@ -65,8 +65,10 @@ async def open_span(cfg: ServeConfig, dht: SwarmDHT, artifacts: ArtifactSession,
     """
     path, manifest, (start, end), publication = await _obtain_model(cfg, dht, artifacts, local_path)
     executor = await load(cfg, path, manifest, start, end, lazy)
+    limits = cfg.limits.resolved(cfg.max_sessions, executor.n_ctx_tokens)
     sessions = SessionTable(cfg.max_sessions, executor.n_ctx_tokens, idle_timeout_s=600.0,
-                            session_cap_tokens=executor.n_ctx_seq_tokens)
+                            session_cap_tokens=executor.n_ctx_seq_tokens, owner_sessions=limits.sessions,
+                            owner_tokens=limits.kv_tokens)
     prefixes = _prefix_service(cfg, dht, manifest, start, end) if cfg.prefix_cache_bytes > 0 else None
     span = await Span.open(manifest.model_id, start, end, executor, sessions, prefixes=prefixes,
                             inline_max_ms=cfg.inline_max_ms, measure=measure_throughput)

@@ -12,6 +12,7 @@ from swarm.errors import AddressError, SwarmError
 from swarm.limits import MAX_CONTEXT_TOKENS, MAX_LAYERS, MAX_RECORD_TTL_S
 from swarm.peer.announce import EXPIRY_PERIODS
 from swarm.netaddr import NetConfig, check_net_config
+from swarm.peer.quotas import ClientLimits, limits_refusal
 from swarm.peer.scheduler import INLINE_MAX_MS
 from swarm.relay.rules import REACHABILITY, RELAY_MODES, RelayLimits
 
@@ -59,6 +60,8 @@ class ServeConfig:
         relay_limits: the relay service's budget, announced in its offer.
         inline_max_ms: units of executor work measured under this many ms run on the event loop
             thread (`swarm.peer.scheduler.INLINE_MAX_MS`); benchmarks vary it.
+        limits: what one remote client may hold (sessions, KV tokens, streams, frame bytes in
+            flight) and the caps over all clients (`swarm.peer.quotas.ClientLimits`); announced.
     """
 
     model: str
@@ -89,6 +92,7 @@ class ServeConfig:
     relay_service: bool = True
     relay_port: int = 0
     relay_limits: RelayLimits = RelayLimits()
+    limits: ClientLimits = ClientLimits()
 
 
 def check_config(cfg: ServeConfig) -> NetConfig:
@@ -96,7 +100,7 @@ def check_config(cfg: ServeConfig) -> NetConfig:
 
     Raises:
         AddressError: host, ports or public address unusable (`swarm.netaddr.check_net_config`).
-        SwarmError: a count or period out of range, or a public name that is empty, too long, not
+        SwarmError: a count, limit or period out of range, or a public name that is empty, too long, not
             printable or not UTF-8.
     """
     net = check_net_config(NetConfig(cfg.host, cfg.port, cfg.bt_port, cfg.public_address))
@@ -109,6 +113,9 @@ def check_config(cfg: ServeConfig) -> NetConfig:
     ):
         if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
             raise SwarmError(f"{name} must be an integer in [{lo}, {hi}], got {value!r:.40}")
+    why = limits_refusal(cfg.limits)
+    if why is not None:
+        raise SwarmError(why)
     port = cfg.direct_port
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535):
         raise AddressError(f"--direct-port must be an integer in 0..65535, got {port!r:.40}")

@@ -21,6 +21,11 @@ a prefill that reaches the whole offered prompt is exported and kept as a new sn
 
 Server push (a `Chain`, pushed Forwards, the push streams from the previous hop) is
 swarm/peer/push.py; pushed frames run here, through `handle_push`.
+
+Limits per remote client (swarm/peer/quotas.py): every span and push stream is counted against its
+remote peer and against the peer's cap on streams, and every frame's bytes are reserved from its
+length prefix before its body is read (waiting while the peer's byte budget is full); a stream or a
+frame past a limit is answered BUSY with the limit's name, and the stream ends.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from dataclasses import dataclass, field
 from swarm.errors import Busy, ExecutorError, ProtocolError, RequestError, SwarmError
 from swarm.kv.prefix import owner_scoped
 from swarm.kv.sessions import SessionSlot
-from swarm.p2p import FramedStream
+from swarm.p2p import FrameGate, FrameRefused, FramedStream
 from swarm.peer import rules
+from swarm.peer.quotas import WAIT, ClientLedger, ClientLimits
 from swarm.peer.push import OPEN_TIMEOUT_S, Dial, PushState, send_error, serve_push
 from swarm.peer.scheduler import StepOutput
 from swarm.peer.span import Span
@@ -69,6 +75,7 @@ class PeerStreams:
         live: open sessions by session id (push streams find theirs here).
         liar: TEST ONLY (`SWARM_TEST_LIE`, swarm/peer/testlie.py): corrupts the hidden states
             answered and pushed; None on every normal peer.
+        ledger: streams and frame bytes in flight per remote peer, and their caps.
     """
 
     span: Span
@@ -78,6 +85,51 @@ class PeerStreams:
     open: set = field(default_factory=set)
     live: dict[bytes, _Session] = field(default_factory=dict)
     liar: Liar | None = None
+    ledger: ClientLedger = field(default_factory=lambda: ClientLedger(ClientLimits()))
+    _room: set[asyncio.Future] = field(default_factory=set, init=False, repr=False)
+
+    def gate(self, client: str) -> FrameGate:
+        """The `swarm.p2p.FrameGate` of a stream from `client`: reserves each frame's bytes in the
+        ledger before its body is read, waiting while only the peer's budget is short."""
+        ledger = self.ledger
+
+        def release(n_bytes: int) -> None:
+            ledger.release(client, n_bytes)
+            for fut in self._room:  # wake every waiter; each asks the ledger again
+                if not fut.done():
+                    fut.set_result(None)
+
+        async def reserve(n_bytes: int) -> Callable[[], None]:
+            while (verdict := ledger.reserve(client, n_bytes)) == WAIT:
+                fut = asyncio.get_running_loop().create_future()
+                self._room.add(fut)
+                try:
+                    await fut
+                finally:
+                    self._room.discard(fut)
+            if verdict is not None:
+                raise FrameRefused(verdict)
+            return lambda: release(n_bytes)
+
+        return reserve
+
+
+async def _counted(streams: PeerStreams, stream: FramedStream, serve: Callable) -> None:
+    """Run `serve()` for `stream` as one of its remote peer's streams, under the ledger's caps: a
+    stream past a cap, or a frame past a byte budget, is answered BUSY with the limit."""
+    client = stream.remote_peer_id
+    refusal = streams.ledger.open_stream(client)
+    if refusal is not None:
+        await send_error(stream, ErrorCode.BUSY, refusal)
+        return
+    stream.set_gate(streams.gate(client))
+    try:
+        await serve()
+    except FrameRefused as e:
+        await send_error(stream, ErrorCode.BUSY, str(e))
+    finally:
+        await stream.close()  # gives back the bytes of the frame it was serving
+        streams.ledger.close_stream(client)
 
 
 @dataclass
@@ -106,6 +158,10 @@ class _Session:
 
 async def handle_stream(streams: PeerStreams, stream: FramedStream) -> None:
     """Serve one client stream until Close, disconnect, idle timeout or shutdown."""
+    await _counted(streams, stream, lambda: _serve_stream(streams, stream))
+
+
+async def _serve_stream(streams: PeerStreams, stream: FramedStream) -> None:
     streams.open.add(stream)
     session: _Session | None = None
     try:
@@ -136,8 +192,8 @@ async def handle_stream(streams: PeerStreams, stream: FramedStream) -> None:
 
 async def handle_push(streams: PeerStreams, stream: FramedStream) -> None:
     """Serve one push stream from the previous hop of a chained session (`swarm.peer.push.serve_push`)."""
-    await serve_push(stream, streams.live, streams.idle_timeout_s,
-                     lambda session, frame: _answer(streams, session, frame))
+    await _counted(streams, stream, lambda: serve_push(stream, streams.live, streams.idle_timeout_s,
+                                                       lambda session, frame: _answer(streams, session, frame)))
 
 
 async def _answer(streams: PeerStreams, session: _Session, frame) -> None:

@@ -5,7 +5,10 @@ frames and bytes each way, the time from a client frame's arrival to its reply (
 a step's latency, compute included). Frames another peer pushed in (server push) count as direction
 "push_in"; their steps are not timed (they arrive on another stream than the one answered). Read
 at scrape time from the span's state: the span, open and free session slots, free KV-cache tokens,
-the measured throughput, whether it drains or shuts down.
+the measured throughput, whether it drains or shuts down; and the limits per client
+(swarm/peer/quotas.py): streams open, frame bytes in flight now and at most since start, the byte
+budget, refusals by limit, and the scheduler's fairness (the longest run of units a client with
+work queued waited unserved).
 
 The metrics wrap the stream handler from outside (`PeerMetrics.wrap`) and read the session table;
 they never change either. The HTTP server is prometheus_client's own, on a daemon thread.
@@ -16,9 +19,10 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from swarm.errors import AddressError
+from swarm.peer.quotas import ClientLedger
 from swarm.peer.span import Span
 
 STEP_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -32,10 +36,11 @@ class PeerMetrics:
 
     Args:
         span: the served span: read at scrape time.
+        ledger: the streams' limits per client: read at scrape time.
     """
 
-    def __init__(self, span: Span):
-        self.span = span
+    def __init__(self, span: Span, ledger: ClientLedger):
+        self.span, self.ledger = span, ledger
         self.registry = CollectorRegistry()
         r = self.registry
         self.sessions = Counter("swarm_peer_streams", "Span streams (client sessions) served", registry=r)
@@ -168,3 +173,22 @@ class _SpanCollector:
             family = GaugeMetricFamily(name, doc, labels=["span"])
             family.add_metric(span, value)
             yield family
+        ledger = self._m.ledger
+        for name, doc, value in (
+            ("swarm_peer_streams_open", "Span and push streams open now", ledger.open_streams),
+            ("swarm_peer_buffered_bytes", "Frame bytes in flight now", ledger.reserved_bytes),
+            ("swarm_peer_buffered_bytes_peak", "Most frame bytes in flight at once since start",
+             ledger.peak_reserved_bytes),
+            ("swarm_peer_buffered_bytes_budget", "Frame bytes in flight allowed (max_buffered_bytes)",
+             ledger.limits.max_buffered_bytes),
+            ("swarm_peer_client_wait_units_max", "Most units a client with work queued waited unserved",
+             served.scheduler.fairness.max_wait_units),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["span"])
+            family.add_metric(span, value)
+            yield family
+        refusals = CounterMetricFamily("swarm_peer_limit_refusals", "Streams and frames refused BUSY by a limit",
+                                       labels=["limit"])
+        for limit, count in sorted(ledger.refusals.items()):
+            refusals.add_metric([limit], count)
+        yield refusals

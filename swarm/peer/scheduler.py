@@ -13,6 +13,10 @@ No unit is held back waiting for others: whatever is queued when the previous un
 the next one, so a lone session pays no batching delay. When decode steps and other work both wait,
 units alternate between a batch and one other unit, so a client's prefill delays another client's
 decode step by at most about one chunk's compute, and steady decoding cannot starve a prefill.
+Units are shared fairly across clients (the remote peer a step is for), not jobs: a batch takes
+decode steps round-robin by client, and other units go to clients in turn (`plan_next`), so a client
+holding many sessions gets no more turns than one holding a single session (`FairnessMeter` measures
+it).
 
 Where a unit runs follows its measured cost (`CostModel`): on the event loop thread when it is
 expected to take under `inline_max_ms` and the executor is single-threaded, else on the span's one
@@ -29,7 +33,7 @@ switch from a per-row gemv to a 4-row gemm at 4 rows, which rounds differently (
 span, and the peer caps batches there.
 
 This module does not decide admission or positions (kv/sessions.py) nor read frames (handler.py).
-`plan_next` and `CostModel` are pure; `StepScheduler` is the asyncio shell around them. One concern,
+`plan_next`, `FairnessMeter` and `CostModel` are pure; `StepScheduler` is the asyncio shell around them. One concern,
 so it stays one file past the house's ~400 lines: units, their costs and the exact-batch probe are
 the scheduler's own vocabulary and nothing else uses them.
 """
@@ -42,7 +46,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -52,6 +56,8 @@ from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
 INLINE_MAX_MS = 10.0
 """Units expected to compute in less than this many ms run on the event loop thread: the longest a
 ping or another stream's frame waits for one unit."""
+MAX_TRACKED_CLIENTS = 1024
+"""Clients whose last turn the scheduler remembers; a forgotten one goes first, as a new one does."""
 EWMA_WEIGHT = 0.2
 """Weight of the newest measurement in a unit kind's moving average of compute time."""
 
@@ -65,12 +71,14 @@ class Pending:
         seq_id: the step's sequence; -1 for a call.
         rows_left: rows of the step not computed yet; 0 for a call.
         started: some chunk of the step has run already.
+        client: the remote client the work is for (its peer id); "" for the peer's own work.
     """
 
     kind: Literal["step", "call"]
     seq_id: int = -1
     rows_left: int = 0
     started: bool = False
+    client: str = ""
 
     @property
     def is_decode(self) -> bool:
@@ -88,34 +96,81 @@ class Unit:
     rows: int
 
 
+@dataclass(frozen=True)
+class Turns:
+    """When each client was last served, by unit number (a client never served is not listed and
+    goes first): `batch` for decode rows, `other` for chunks and calls."""
+
+    batch: Mapping[str, int] = field(default_factory=dict)
+    other: Mapping[str, int] = field(default_factory=dict)
+
+
+def _by_turn(indices: Sequence[int], pending: Sequence[Pending], last: Mapping[str, int]) -> list[list[int]]:
+    """`indices` grouped by client, each group in queue order, the groups least recently served first
+    (ties: the client whose first job is oldest)."""
+    groups: dict[str, list[int]] = {}
+    for i in indices:
+        groups.setdefault(pending[i].client, []).append(i)
+    return sorted(groups.values(), key=lambda g: (last.get(pending[g[0]].client, -1), g[0]))
+
+
 def plan_next(pending: Sequence[Pending], *, last_was_batch: bool, max_batch_rows: int,
-              chunk_tokens: int) -> Unit | None:
-    """Choose the next unit from the queue (oldest first).
+              chunk_tokens: int, turns: Turns = Turns()) -> Unit | None:
+    """Choose the next unit from the queue, fairly across clients.
+
+    A batch takes decode steps round-robin over clients (one per client, least recently served
+    client first, then a second per client, ...), so a client with many sessions cannot crowd
+    another's step out of a full batch. Any other unit goes to the least recently served client's
+    oldest job, so a client with many prefills gets one chunk in turn with each other client, not
+    one per job. Within a client, jobs keep their queue order.
 
     Args:
         pending: queued jobs in arrival order (a job cut into chunks goes back to the end).
         last_was_batch: the previous unit was a batch; when other work also waits, it goes next.
         max_batch_rows: most rows in one batch (>= 1).
         chunk_tokens: most rows of a multi-row step per chunk (>= 1).
+        turns: when each client was last served.
     Returns:
         The unit, or None when nothing waits.
     """
+    candidates = [i for i, p in enumerate(pending) if p.is_decode]
+    groups = _by_turn(candidates, pending, turns.batch)
     decodes: list[int] = []
     seen: set[int] = set()
-    for i, p in enumerate(pending):
-        # One step per sequence per batch: a sequence's second step needs its first one's position.
-        if p.is_decode and p.seq_id not in seen and len(decodes) < max_batch_rows:
-            decodes.append(i)
-            seen.add(p.seq_id)
+    for rank in range(max((len(g) for g in groups), default=0)):
+        for g in groups:
+            # One step per sequence per batch: a sequence's second step needs its first one's position.
+            if rank < len(g) and pending[g[rank]].seq_id not in seen and len(decodes) < max_batch_rows:
+                decodes.append(g[rank])
+                seen.add(pending[g[rank]].seq_id)
+    decodes.sort()
     others = [i for i, p in enumerate(pending) if not p.is_decode]
     if decodes and (not others or not last_was_batch):
         return Unit("batch", tuple(decodes), len(decodes))
     if not others:
         return None
-    i = others[0]
+    i = _by_turn(others, pending, turns.other)[0][0]
     if pending[i].kind == "call":
         return Unit("call", (i,), 0)
     return Unit("chunk", (i,), min(chunk_tokens, pending[i].rows_left))
+
+
+class FairnessMeter:
+    """How long clients wait while others are served: after each unit, every client with work queued
+    that the unit did not serve has waited one more unit; `max_wait_units` is the longest such run
+    since start. Round-robin over k clients with work keeps it at most 2k - 1 (the other clients'
+    units, each after a batch), however many jobs each client queues."""
+
+    def __init__(self) -> None:
+        self.max_wait_units = 0
+        self._waiting: dict[str, int] = {}
+
+    def observe(self, queued: set[str], served: set[str]) -> None:
+        """One unit ran: `queued` are the clients with a job in the queue as it was planned, `served`
+        those it served."""
+        self._waiting = {c: self._waiting.get(c, 0) + 1 for c in queued - served}
+        if self._waiting:
+            self.max_wait_units = max(self.max_wait_units, max(self._waiting.values()))
 
 
 class CostModel:
@@ -170,11 +225,13 @@ class _Job:
     done_rows: int = 0
     outs: list[np.ndarray] = field(default_factory=list)
     compute_ms: float = 0.0
+    client: str = ""
 
     def view(self) -> Pending:
         if self.fn is not None:
-            return Pending("call")
-        return Pending("step", self.seq_id, self.hidden.shape[0] - self.done_rows, self.done_rows > 0)
+            return Pending("call", client=self.client)
+        return Pending("step", self.seq_id, self.hidden.shape[0] - self.done_rows, self.done_rows > 0,
+                       self.client)
 
 
 class StepScheduler:
@@ -196,56 +253,61 @@ class StepScheduler:
         """(kind, seq ids, rows) of recent units, oldest first (the last 1024), for tests and benchmarks."""
         self.unit_ms: list[float] = []
         """Compute ms of the same units, in the same order."""
+        self.fairness = FairnessMeter()
         self._queue: deque[_Job] = deque()
         self._runner: asyncio.Task | None = None
         self._last_was_batch = False
+        self._last_batch: dict[str, int] = {}
+        self._last_other: dict[str, int] = {}
+        self._unit_no = 0
 
     async def step(self, seq_id: int, pos0: int, hidden: np.ndarray, *,
-                   all_logits: bool = False, steps: Sequence[int] = ()) -> StepOutput:
+                   all_logits: bool = False, steps: Sequence[int] = (), client: str = "") -> StepOutput:
         """Run the span on `hidden` rows of sequence `seq_id` from `pos0`; batched or chunked.
 
         Args:
             seq_id, pos0, hidden, all_logits: as `SpanExecutor.forward`; hidden [n, n_embd] float32.
             steps: () for one step, or the row counts (summing to n) of several steps run one after
                 the other, each exactly as if it came alone (wire.Forward.steps).
+            client: the remote client the step is for; units are shared fairly among clients.
         Returns:
             StepOutput with the output of the whole step (of all its steps).
         Raises:
             ExecutorError: as `SpanExecutor.forward`; the sequence is as before the step.
         """
         if len(steps) > 1:
-            return await self._steps(seq_id, pos0, hidden, all_logits, steps)
-        job = _Job(asyncio.get_running_loop().create_future(), seq_id, pos0, hidden, all_logits)
+            return await self._steps(seq_id, pos0, hidden, all_logits, steps, client)
+        job = _Job(asyncio.get_running_loop().create_future(), seq_id, pos0, hidden, all_logits, client=client)
         now = self._run_now(job)
         if now is not None:
             return now
         return await self._submit(job)
 
     async def _steps(self, seq_id: int, pos0: int, hidden: np.ndarray, all_logits: bool,
-                     steps: Sequence[int]) -> StepOutput:
+                     steps: Sequence[int], client: str) -> StepOutput:
         """Several steps of one sequence in order; atomic like one step: a failure or cancellation
         rolls the sequence back to `pos0`."""
         outs: list[np.ndarray] = []
         ms, a = 0.0, 0
         try:
             for n in steps:
-                r = await self.step(seq_id, pos0 + a, hidden[a : a + n], all_logits=all_logits)
+                r = await self.step(seq_id, pos0 + a, hidden[a : a + n], all_logits=all_logits, client=client)
                 outs.append(r.out)
                 ms, a = ms + r.compute_ms, a + n
                 # a step run inline returns without yielding: let pings and other sessions in
                 await asyncio.sleep(0)
         except BaseException:
             # also when nothing finished: a cancelled first step may still complete on the executor
-            self._queue_rollback(seq_id, pos0)
+            self._queue_rollback(seq_id, pos0, client)
             raise
         last_only = self._executor().is_last and not all_logits
         return StepOutput(outs[-1] if last_only else np.concatenate(outs), ms)
 
-    def _queue_rollback(self, seq_id: int, pos: int) -> None:
+    def _queue_rollback(self, seq_id: int, pos: int, client: str) -> None:
         """Queue a truncate of `seq_id` to `pos` at the front of the queue, without waiting (the
         caller may be cancelled). It runs before any later step of the sequence: a session sends its
         next step only after this one's answer, and a decode batch planned ahead of it can hold only
-        steps queued before."""
+        steps queued before; it is its client's oldest job, and a client's jobs run in queue order."""
         ex = self._executor()
 
         def rollback() -> None:
@@ -254,7 +316,7 @@ class StepScheduler:
             except ExecutorError:
                 pass  # the executor is closed or the sequence is gone: nothing left to undo
 
-        self._queue.appendleft(_Job(asyncio.get_running_loop().create_future(), fn=rollback))
+        self._queue.appendleft(_Job(asyncio.get_running_loop().create_future(), fn=rollback, client=client))
         self._ensure_runner()
 
     def _run_now(self, job: _Job) -> StepOutput | None:
@@ -271,6 +333,7 @@ class StepScheduler:
                 and expected < self.inline_max_ms):
             return None
         self._last_was_batch = True
+        self._record("batch", [job], set())
         self.units.append(("batch", (job.seq_id,), 1))
         del self.units[:-1024]
         t0 = time.perf_counter()
@@ -283,9 +346,11 @@ class StepScheduler:
             raise out
         return StepOutput(out, ms)
 
-    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `fn(*args)` alone between units (a blocking executor call); returns its result."""
-        return await self._submit(_Job(asyncio.get_running_loop().create_future(), fn=fn, args=args))
+    async def call(self, fn: Callable[..., Any], *args: Any, client: str = "") -> Any:
+        """Run `fn(*args)` alone between units (a blocking executor call) in the turn of `client` ("":
+        the peer's own work); returns its result."""
+        return await self._submit(_Job(asyncio.get_running_loop().create_future(), fn=fn, args=args,
+                                       client=client))
 
     async def _submit(self, job: _Job) -> Any:
         self._queue.append(job)
@@ -311,13 +376,15 @@ class StepScheduler:
             self._drop_cancelled()
             jobs = list(self._queue)
             unit = plan_next([j.view() for j in jobs], last_was_batch=self._last_was_batch,
-                             max_batch_rows=self.max_batch_rows, chunk_tokens=self.chunk_tokens)
+                             max_batch_rows=self.max_batch_rows, chunk_tokens=self.chunk_tokens,
+                             turns=Turns(self._last_batch, self._last_other))
             if unit is None:
                 return
             chosen = [jobs[i] for i in unit.jobs]
             for j in chosen:
                 self._queue.remove(j)
             self._last_was_batch = unit.kind == "batch"
+            self._record(unit.kind, chosen, {j.client for j in jobs})
             self.units.append((unit.kind, tuple(j.seq_id for j in chosen), unit.rows))
             del self.units[:-1024]
             self.unit_ms.append(float("nan"))
@@ -329,11 +396,23 @@ class StepScheduler:
             # one, and a unit run inline gives pings and other streams a turn.
             await asyncio.sleep(0)
 
+    def _record(self, kind: str, chosen: list[_Job], queued: set[str]) -> None:
+        """Note which clients the unit serves: their turn, and the others' wait."""
+        self._unit_no += 1
+        served = {j.client for j in chosen}
+        last = self._last_batch if kind == "batch" else self._last_other
+        for c in served:
+            last.pop(c, None)
+            last[c] = self._unit_no
+        while len(last) > MAX_TRACKED_CLIENTS:
+            del last[next(iter(last))]  # least recently served: dicts keep insertion order
+        self.fairness.observe(queued, served)
+
     def _drop_cancelled(self) -> None:
         for job in [j for j in self._queue if j.fut.done()]:
             self._queue.remove(job)
             if job.done_rows > 0:  # a cancelled half-done prefill: keep the step atomic
-                self._queue_rollback(job.seq_id, job.pos0)
+                self._queue_rollback(job.seq_id, job.pos0, job.client)
 
     async def _run_unit(self, unit: Unit, jobs: list[_Job]) -> None:
         ex = self._executor()

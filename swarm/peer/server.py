@@ -36,6 +36,7 @@ from swarm.peer.build import Mover, check_span, open_span
 from swarm.peer.config import ServeConfig, check_config
 from swarm.peer.handler import PeerStreams, handle_push, handle_stream
 from swarm.peer.metrics import PeerMetrics
+from swarm.peer.quotas import ClientLedger
 from swarm.peer.rules import SHUTTING_DOWN_MESSAGE
 from swarm.peer.span import Span
 from swarm.p2p import answer_pings
@@ -107,13 +108,14 @@ async def serve(
         if liar is not None:
             span.throughput = liar.boast(span.throughput)
         identity = RelayIdentity(dht.identity.private_key)
-        streams = PeerStreams(span, dial=partial(_dial_push, dht.transport, identity), liar=liar)
+        streams = PeerStreams(span, dial=partial(_dial_push, dht.transport, identity), liar=liar,
+                              ledger=ClientLedger(cfg.limits))
         if cfg.debug_die_after_pushes:
             streams.after_push = partial(_die_after, [cfg.debug_die_after_pushes])
         span_handler = partial(handle_stream, streams)
         push_handler = partial(handle_push, streams)
         if cfg.metrics_port is not None:
-            metrics = PeerMetrics(span)
+            metrics = PeerMetrics(span, streams.ledger)
             metrics.serve(net.host, cfg.metrics_port)
             span_handler = metrics.wrap(span_handler)
             push_handler = metrics.wrap_push(push_handler)
@@ -128,7 +130,7 @@ async def serve(
                 SNAPSHOT_PROTOCOL, partial(_serve_snapshot, span, cfg.debug_tamper_snapshots)
             )
         announcer = Announcer(dht, span, cfg.announce_period_s, cfg.public_name, direct_addrs, roles.use,
-                              tuple(cfg.initial_peers))
+                              tuple(cfg.initial_peers), cfg.limits)
         tasks = []
         if roles.use:
             registrar = RelayRegistrar(dht, identity, dht.transport, {

@@ -97,9 +97,10 @@ class Span:
         """The span ends the model: it samples, and pushes to no next hop."""
         return self.executor.is_last
 
-    async def run(self, fn: Callable, *args):
-        """Run a blocking executor call alone, between the scheduler's units; returns its result."""
-        return await self.scheduler.call(fn, *args)
+    async def run(self, fn: Callable, *args, client: str = ""):
+        """Run a blocking executor call alone, between the scheduler's units, in the turn of `client`
+        (the session's owner; "": the peer's own work); returns its result."""
+        return await self.scheduler.call(fn, *args, client=client)
 
     async def admit(self, session_id: bytes, owner: str, max_tokens: int, now_s: float) -> SessionSlot:
         """Open a session of `owner` reserving `max_tokens`, with an empty sequence.
@@ -150,7 +151,8 @@ class Span:
         if why is not None:
             raise RequestError(why)
         rows = np.ascontiguousarray(hidden, dtype=np.float32)
-        out = await self.scheduler.step(slot.seq_id, pos0, rows, all_logits=all_logits, steps=steps)
+        out = await self.scheduler.step(slot.seq_id, pos0, rows, all_logits=all_logits, steps=steps,
+                                        client=slot.owner)
         reply = finish(out)
         self.sessions.advance(slot, hidden.shape[0], time.monotonic())
         return reply
@@ -167,7 +169,7 @@ class Span:
             raise RequestError(why)
         # the cache first: a recurrent state cannot roll back into a sequence (ArchRow.rollback_exact),
         # and when the executor refuses, the table must still say where the cache is
-        await self.run(self.executor.truncate, slot.seq_id, pos)
+        await self.run(self.executor.truncate, slot.seq_id, pos, client=slot.owner)
         self.sessions.truncate(slot, pos)
 
     async def restore(self, slot: SessionSlot, n: int, snapshot_hash: bytes | None) -> None:
@@ -195,7 +197,7 @@ class Span:
                 executor.clear(slot.seq_id)
                 raise
 
-        await self.run(load)
+        await self.run(load, client=slot.owner)
         self.sessions.advance(slot, n, time.monotonic())
 
     async def keep_prefix(self, slot: SessionSlot, offers: Sequence[tuple[int, bytes]]) -> None:
@@ -206,7 +208,7 @@ class Span:
             ExecutorError: the cache could not be exported.
         """
         if self.prefixes is not None and self.prefixes.wants(offers):
-            kv = await self.run(self.executor.export_seq, slot.seq_id)
+            kv = await self.run(self.executor.export_seq, slot.seq_id, client=slot.owner)
             self.prefixes.keep(offers, kv)
 
     async def release(self, session_id: bytes) -> None:

@@ -4,10 +4,13 @@ arguments, raw span streams, and polling with a deadline. The oracles are in `or
 from __future__ import annotations
 
 import os
+import socket
 import time
+import urllib.request
 from typing import Callable, TypeVar
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from swarm.client.loop import LoopThread
 from swarm.dht.node import SwarmDHT
@@ -22,6 +25,9 @@ __all__ = [
     "PeerSet",
     "RawClient",
     "descendants",
+    "free_port",
+    "rss_bytes",
+    "scrape",
     "serve_args",
     "signal_tree",
     "start_peer",
@@ -141,3 +147,31 @@ class RawClient:
     def close(self) -> None:
         self.loop.run(self.dht.shutdown(), 30)
         self.loop.stop()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a peer's --metrics-port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[str, float]:
+    """A peer's Prometheus metrics on 127.0.0.1:`port`: {sample name with its labels: value}, e.g.
+    "swarm_peer_buffered_bytes_peak" or 'swarm_peer_limit_refusals_total{limit="client_streams"}'."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k != "span")
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process `pid` (VmRSS), bytes."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise ValueError(f"no VmRSS for pid {pid}")

@@ -183,6 +183,8 @@ def _swarm(home, *args: str) -> subprocess.CompletedProcess:
         (("--threads", "0"), "threads must be an integer in [1, 1024]"),
         (("--max-sessions", "0"), "max_sessions must be an integer in [1, 256]"),
         (("--cache-tokens", "0"), "cache_tokens must be an integer"),
+        (("--client-bytes", "1MiB"), "client_bytes must be an integer >= 67108864 (the largest frame)"),
+        (("--client-streams", "300"), "client_streams 300 > max_streams 256"),
     ],
 )
 def test_bad_serve_options_are_refused_before_anything_starts(smollm2_path, tmp_path, args, needle):

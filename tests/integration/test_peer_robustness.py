@@ -56,7 +56,8 @@ def expect_error(reply, code: ErrorCode, *words: str) -> None:
 @pytest.fixture(scope="module")
 def peer(smollm2_path, tmp_path_factory):
     ps = PeerSet(tmp_path_factory.mktemp("robust_peer"))
-    sizes = ("--max-sessions", str(MAX_SESSIONS), "--cache-tokens", str(CACHE_TOKENS))
+    sizes = ("--max-sessions", str(MAX_SESSIONS), "--cache-tokens", str(CACHE_TOKENS),
+             "--client-sessions", str(MAX_SESSIONS))  # one raw client opens them all
     p = ps.start("p0", *serve_args(smollm2_path, "0:30", "--new-swarm", *sizes))
     yield p
     ps.stop_all()

@@ -32,7 +32,9 @@ MAX_TOKENS = 256
 @pytest.fixture(scope="module")
 def raw(smollm2_path, tmp_path_factory):
     ps = PeerSet(tmp_path_factory.mktemp("independence_peer"))
-    p = ps.start("p0", *serve_args(smollm2_path, "0:30", "--new-swarm", "--max-sessions", "8"))
+    # one raw client drives every session: allow it all 8 (by default a client may hold 4)
+    p = ps.start("p0", *serve_args(smollm2_path, "0:30", "--new-swarm", "--max-sessions", "8",
+                                   "--client-sessions", "8"))
     c = RawClient(p, build_manifest(smollm2_path).model_id, tmp_path_factory.mktemp("independence_client"))
     yield c
     c.close()

@@ -242,3 +242,14 @@ def test_validator_refuses_an_announcement_under_another_models_key():
     other_key = DHTID.generate(source=announcements_key("ab" * 16)).to_bytes()
     assert not chain().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, good, key=other_key))
     assert chain().validate(_signed_record(KEY, ANNOUNCE_SUBKEY_TAG, None, key=other_key))  # a tombstone
+
+
+def test_limits_per_client_round_trip_and_an_older_record_without_them_still_parses():
+    ann = make_ann(client_sessions=4, client_kv_tokens=8192, client_streams=16, client_bytes=128 << 20,
+                   max_streams=256, max_buffered_bytes=256 << 20)
+    assert decode_announcement(encode_announcement(ann)) == ann
+    older = encode_announcement(make_ann())
+    for name in ("client_sessions", "client_kv_tokens", "client_streams", "client_bytes", "max_streams",
+                 "max_buffered_bytes"):
+        del older[name]
+    assert decode_announcement(older) == make_ann()

@@ -188,3 +188,22 @@ def test_without_a_session_cap_one_session_may_take_the_whole_cache():
 def test_bad_session_cap():
     with pytest.raises(RequestError, match="session_cap_tokens"):
         _table(session_cap_tokens=0)
+
+
+def test_one_client_cannot_take_every_slot():
+    t = _table(max_sessions=4, owner_sessions=2)
+    t.admit(A, "greedy", 10, 0.0)
+    t.admit(B, "greedy", 10, 0.0)
+    with pytest.raises(Busy, match="client limit: .*client_sessions 2"):
+        t.admit(C, "greedy", 10, 0.0)
+    assert t.admit(C, "modest", 10, 0.0).slot.seq_id == 2  # another client still gets a slot
+
+
+def test_one_client_cannot_reserve_the_whole_cache():
+    t = _table(max_sessions=4, owner_tokens=500)
+    t.admit(A, "greedy", 400, 0.0)
+    with pytest.raises(Busy, match="client limit: .*client_kv_tokens 500"):
+        t.admit(B, "greedy", 200, 0.0)
+    assert t.admit(B, "modest", 500, 0.0).slot.reserved_tokens == 500
+    t.release(A)
+    assert t.admit(C, "greedy", 500, 0.0).slot.reserved_tokens == 500  # released tokens count no more

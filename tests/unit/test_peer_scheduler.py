@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.peer.scheduler import CostModel, Pending, Unit, plan_next
+from swarm.peer.scheduler import CostModel, FairnessMeter, Pending, Turns, Unit, plan_next
 
 
 def decode(seq: int) -> Pending:
@@ -87,3 +87,84 @@ def test_cost_model_keeps_a_moving_average_per_kind_and_row_bucket():
     cm.observe(key1, 2.0)
     assert cm.expected_ms(key1) == 3.0
     assert cm.expected_ms(key8) is None
+
+
+# ---- fairness across clients --------------------------------------------------------------------
+
+
+def step_of(client: str, seq: int, rows: int = 1) -> Pending:
+    return Pending("step", seq, rows, False, client)
+
+
+def test_a_full_batch_takes_one_step_per_client_before_a_second_of_any():
+    # 32 sessions of a greedy client queued first, then one of another: FIFO would fill the batch
+    # with the greedy client's steps and leave the other's out.
+    pending = [step_of("greedy", s) for s in range(32)] + [step_of("other", 99)]
+    unit = plan(pending, cap=4)
+    assert unit.kind == "batch" and 32 in unit.jobs and len(unit.jobs) == 4
+
+
+def test_a_batch_starts_with_the_client_served_least_recently():
+    pending = [step_of("a", 0), step_of("a", 1), step_of("b", 2), step_of("b", 3)]
+    unit = plan_next(pending, last_was_batch=False, max_batch_rows=1, chunk_tokens=64,
+                     turns=Turns(batch={"a": 7, "b": 3}))
+    assert unit == Unit("batch", (2,), 1)
+
+
+def test_chunks_go_to_clients_in_turn_not_to_jobs_in_turn():
+    # 4 prefills of a greedy client were queued before one of another client; the greedy client was
+    # served last: the other client's prefill goes next, not after the greedy client's 4.
+    pending = [step_of("greedy", s, 300) for s in range(4)] + [step_of("other", 9, 300)]
+    unit = plan_next(pending, last_was_batch=True, max_batch_rows=8, chunk_tokens=64,
+                     turns=Turns(other={"greedy": 5, "other": 2}))
+    assert unit == Unit("chunk", (4,), 64)
+
+
+def test_within_a_client_jobs_keep_their_queue_order():
+    pending = [step_of("a", 1, 300), step_of("a", 2, 300)]
+    assert plan(pending, last_was_batch=True) == Unit("chunk", (0,), 64)
+
+
+def test_a_client_never_served_goes_before_one_served_already():
+    pending = [CALL, step_of("new", 3, 100)]
+    unit = plan_next(pending, last_was_batch=True, max_batch_rows=8, chunk_tokens=64, turns=Turns(other={"": 1}))
+    assert unit == Unit("chunk", (1,), 64)
+
+
+def test_fairness_meter_counts_the_longest_run_a_waiting_client_went_unserved():
+    m = FairnessMeter()
+    m.observe({"a", "b"}, {"a"})
+    m.observe({"a", "b"}, {"a"})
+    m.observe({"a", "b"}, {"b"})  # b's wait ends at 2
+    m.observe({"a"}, {"a"})
+    assert m.max_wait_units == 2
+
+
+def test_round_robin_keeps_every_clients_wait_bounded_however_many_jobs_one_queues():
+    # Simulate the scheduler's loop on the pure planner: a greedy client with 12 prefills and 12
+    # decoding sessions, a modest one with one prefill then decode steps; each job re-queues as the
+    # real scheduler does (a chunked step to the back, a decode step's next step after it ran).
+    queue = ([step_of("greedy", s, 640) for s in range(12)] + [step_of("greedy", 100 + s) for s in range(12)]
+             + [step_of("modest", 50, 640)])
+    last_batch: dict[str, int] = {}
+    last_other: dict[str, int] = {}
+    meter, last_was_batch = FairnessMeter(), False
+    modest_units = 0
+    for n in range(1, 400):
+        unit = plan_next(queue, last_was_batch=last_was_batch, max_batch_rows=4, chunk_tokens=64,
+                         turns=Turns(last_batch, last_other))
+        chosen = [queue[i] for i in unit.jobs]
+        queued = {p.client for p in queue}
+        served = {p.client for p in chosen}
+        meter.observe(queued, served)
+        for c in served:
+            (last_batch if unit.kind == "batch" else last_other)[c] = n
+        modest_units += "modest" in served
+        last_was_batch = unit.kind == "batch"
+        queue = [p for i, p in enumerate(queue) if i not in unit.jobs]
+        for p in chosen:  # decode steps come back; a prefill chunk's rest goes to the back
+            left = p.rows_left - (unit.rows if unit.kind == "chunk" else 1)
+            queue.append(p if p.is_decode else Pending("step", p.seq_id, left, True, p.client) if left
+                         else Pending("step", p.seq_id, 1, False, p.client))
+    assert meter.max_wait_units <= 2 * 2 - 1
+    assert modest_units >= 399 // 2  # in every batch, and every other chunk
