@@ -11,6 +11,8 @@ may also set a `FrameGate`, asked with each frame's length before its body is re
 bytes (and may wait for room) or refuses the frame, so a length prefix alone allocates nothing.
 
 This module moves bytes; it does not know what the frames mean (swarm.wire) or where peers are (swarm.dht).
+It stays one file past the house's ~400 lines: the stream, its framing, its gate and the ping that
+measures a path (round trip and the remote's wall time) are one concern, the framed libp2p stream.
 """
 
 from __future__ import annotations
