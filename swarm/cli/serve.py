@@ -86,6 +86,14 @@ def register(sub) -> None:
     direct.add_argument(
         "--no-direct", action="store_true", help="offer no direct streams: clients use libp2p streams only"
     )
+    s.add_argument(
+        "--reachability",
+        choices=("auto", "public", "private"),
+        default="auto",
+        help="auto: ask other peers to dial this one back and announce whether they could (and a public "
+        "address they reached, so a port forward needs no --public-address); public/private: announce "
+        "that without asking (default auto)",
+    )
     s.add_argument("--inline-max-ms", type=float, default=None, help=argparse.SUPPRESS)  # benchmarks
     s.set_defaults(func=_serve)
 
@@ -126,6 +134,7 @@ def _serve(args) -> None:
             debug_die_after_pushes=args.debug_die_after_pushes,
             metrics_port=args.metrics_port,
             direct_port=None if args.no_direct else args.direct_port,
+            reachability=args.reachability,
             **({} if args.inline_max_ms is None else {"inline_max_ms": args.inline_max_ms}),
         )
     )

@@ -481,7 +481,8 @@ class RouteSession:
                 self._exclusions.add(s.peer_id, FailureReason.UNREACHABLE, now, s.incarnation)
         exclude = self._exclusions.active(now, {s.peer_id: s.incarnation for s in spans})
         plan = plan_route(
-            spans, self.spec.n_layers, self.spec.n_tokens, start=start, end=end, exclude=exclude
+            spans, self.spec.n_layers, self.spec.n_tokens, start=start, end=end, exclude=exclude,
+            unreachable=frozenset(self._exclusions.liveness_suspects(now)),
         )
         return plan.hops, {s.peer_id: s for s in spans}
 

@@ -59,6 +59,9 @@ class Announcement:
             which tells clients that a peer they saw fail is back (0.0 in records of older peers).
         direct_addrs: TCP multiaddrs of the peer's direct-stream listener (swarm.direct), at most
             MAX_ADDRS; empty when it offers none (and in records of older peers).
+        reachability: what the peer learned of its own reachability from outside (swarm.reach):
+            "public" (another peer dialled it back), "private" (dial-backs failed: behind a NAT
+            or firewall with no forward) or "unknown" (not probed; also in records of older peers).
     """
 
     peer_id: str
@@ -77,7 +80,11 @@ class Announcement:
     expires_at: float
     started_at: float = 0.0
     direct_addrs: tuple[str, ...] = ()
+    reachability: str = "unknown"
 
+
+REACHABILITIES = ("public", "private", "unknown")
+"""The values of `Announcement.reachability` (swarm/reach_rules.py decides which)."""
 
 _Addr = constr(strict=True, min_length=1, max_length=MAX_ADDR_CHARS)
 
@@ -101,6 +108,7 @@ class AnnouncementSchema(pydantic.BaseModel):
     expires_at: confloat(strict=True, ge=0.0, le=1e12)
     started_at: confloat(strict=True, ge=0.0, le=1e12) = 0.0
     direct_addrs: conlist(_Addr, max_items=MAX_ADDRS) = []
+    reachability: constr(strict=True, max_length=16) = "unknown"  # a value unknown here reads as "unknown"
 
     class Config:
         extra = pydantic.Extra.ignore
@@ -144,4 +152,6 @@ def decode_announcement(record: Any) -> Optional[Announcement]:
     fields = parsed.dict()
     fields["addrs"] = tuple(fields["addrs"])
     fields["direct_addrs"] = tuple(fields["direct_addrs"])
+    if fields["reachability"] not in REACHABILITIES:
+        fields["reachability"] = "unknown"
     return Announcement(**fields)

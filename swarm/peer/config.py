@@ -13,6 +13,7 @@ from swarm.limits import MAX_CONTEXT_TOKENS, MAX_LAYERS, MAX_RECORD_TTL_S
 from swarm.peer.announce import EXPIRY_PERIODS
 from swarm.netaddr import NetConfig, check_net_config
 from swarm.peer.scheduler import INLINE_MAX_MS
+from swarm.reach_rules import MODES
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class ServeConfig:
             free port); None: offer none (clients then use libp2p streams).
         inline_max_ms: units of executor work measured under this many ms run on the event loop
             thread (`swarm.peer.scheduler.INLINE_MAX_MS`); benchmarks vary it.
+        reachability: "auto" (ask other peers to dial this one back, swarm/reach.py), or "public" /
+            "private" to announce that without asking.
     """
 
     model: str
@@ -77,6 +80,7 @@ class ServeConfig:
     metrics_port: int | None = None
     direct_port: int | None = 0
     inline_max_ms: float = INLINE_MAX_MS
+    reachability: str = "auto"
 
 
 def check_config(cfg: ServeConfig) -> NetConfig:
@@ -100,6 +104,8 @@ def check_config(cfg: ServeConfig) -> NetConfig:
     port = cfg.direct_port
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535):
         raise AddressError(f"--direct-port must be an integer in 0..65535, got {port!r:.40}")
+    if cfg.reachability not in MODES:
+        raise SwarmError(f"--reachability must be one of {', '.join(MODES)}, got {cfg.reachability!r:.40}")
     port = cfg.metrics_port
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535):
         raise AddressError(f"--metrics-port must be in 1..65535, got {port!r:.40}")

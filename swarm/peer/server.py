@@ -22,13 +22,14 @@ from functools import partial
 from swarm import eventloop
 from swarm.arch import servable_row
 from swarm.artifacts.session import ArtifactSession, SessionConfig
-from swarm.direct import DirectServer, direct_maddrs, open_stream
+from swarm.dialing import open_stream
+from swarm.direct import DirectServer, direct_maddrs
 from swarm.dht.node import SwarmDHT
 from swarm.errors import SwarmError
 from swarm.limits import PUSH_PROTOCOL, SNAPSHOT_PROTOCOL, SPAN_PROTOCOL
 from swarm.manifest import build_manifest
 from swarm.models import is_model_id, resolve_model
-from swarm.netaddr import bt_hosts
+from swarm.netaddr import bt_hosts, listen_port
 from swarm.peer.announce import Announcer
 from swarm.peer.build import Mover, check_span, open_span
 from swarm.peer.config import ServeConfig, check_config
@@ -37,6 +38,7 @@ from swarm.peer.metrics import PeerMetrics
 from swarm.peer.rules import SHUTTING_DOWN_MESSAGE
 from swarm.peer.span import Span
 from swarm.proctree import descendants
+from swarm.reach import DialBackResponder, ReachabilityMonitor
 from swarm.wire import Error, ErrorCode, encode_frame
 
 logger = logging.getLogger(__name__)
@@ -107,17 +109,27 @@ async def serve(
             await dht.transport.serve(
                 SNAPSHOT_PROTOCOL, partial(_serve_snapshot, span, cfg.debug_tamper_snapshots)
             )
-        announcer = Announcer(dht, span, cfg.announce_period_s, cfg.public_name, direct_addrs)
+        await DialBackResponder().serve(dht.transport)
+        reach = ReachabilityMonitor(
+            cfg.reachability, dht.transport, partial(_dialback_helpers, dht, cfg.initial_peers, span.model_id),
+            None if direct is None else direct.expect_nonce,
+            (lambda nonce: None) if direct is None else direct.forget_nonce,
+            direct_port, listen_port(dht.visible_maddrs()), retry_s=cfg.announce_period_s,
+        )
+        await reach.probe()
+        announcer = Announcer(dht, span, cfg.announce_period_s, cfg.public_name, direct_addrs, reach,
+                              direct_port)
         await announcer.announce_once()
         print(
             f"serving layers {span.start}:{span.end} of {manifest.model_id} as {dht.peer_id}"
-            + (f", direct streams on port {direct_port}" if direct is not None else ""),
+            + (f", direct streams on port {direct_port}" if direct is not None else "")
+            + f"; reachability {reach.current.status} ({reach.current.reason})",
             file=sys.stderr,
             flush=True,
         )
         if ready is not None:
             ready.set()
-        tasks = [asyncio.create_task(publication.refresh_forever(dht))]
+        tasks = [asyncio.create_task(publication.refresh_forever(dht)), asyncio.create_task(reach.run())]
         if span.prefixes is not None:
             tasks.append(asyncio.create_task(span.prefixes.publish_forever(cfg.announce_period_s)))
         if cfg.layers is None and cfg.rebalance_period_s > 0:
@@ -153,6 +165,19 @@ async def _dial_push(transport, peer_id: str, addrs: tuple[str, ...], endpoints:
     """A push stream to the next hop (swarm.peer.handler.Chain): direct when it can, else libp2p."""
     opened = await open_stream(transport, peer_id, addrs, endpoints, PUSH_PROTOCOL, PUSH_DIAL_TIMEOUT_S)
     return opened.stream
+
+
+async def _dialback_helpers(dht: SwarmDHT, initial_peers, model_id: str) -> list[tuple[str, tuple[str, ...]]]:
+    """Peers to ask for a dial-back: the initial peers, then the model's other announced peers."""
+    helpers: dict[str, tuple[str, ...]] = {}
+    for maddr in initial_peers:
+        if "/p2p/" in maddr:
+            helpers.setdefault(maddr.rsplit("/p2p/", 1)[1], ())
+            helpers[maddr.rsplit("/p2p/", 1)[1]] += (maddr,)
+    for ann in await dht.get_announcements(model_id):
+        helpers.setdefault(ann.peer_id, ann.addrs)
+    helpers.pop(dht.peer_id, None)
+    return list(helpers.items())
 
 
 async def _serve_snapshot(span: Span, tamper: str | None, stream) -> None:
