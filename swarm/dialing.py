@@ -41,11 +41,13 @@ class OpenedStream(NamedTuple):
     attempts: tuple[str, ...] = ()
 
 
-DIRECT_GRACE_MIN_S = 0.05
-DIRECT_GRACE_FACTOR = 2.0
+DIRECT_GRACE_MIN_S = 0.1
+DIRECT_GRACE_FACTOR = 3.0
 """When libp2p opens first, the direct dial gets DIRECT_GRACE_FACTOR times libp2p's time (at least
 DIRECT_GRACE_MIN_S) more to finish: a reachable endpoint needs a ticket round trip plus one TCP
-handshake, about twice a libp2p stream's opening, while an unforwarded one never answers."""
+handshake, about twice a libp2p stream's opening, while an unforwarded one never answers. So a dead
+endpoint costs a hop at most this grace once (not DIAL_TIMEOUT_S); the client then remembers it
+(swarm/client/streams.py, DIRECT_RETRY_S) and dials libp2p alone."""
 
 
 async def open_stream(

@@ -1,7 +1,8 @@
 """`swarm serve`: the composition root of a peer.
 
 Builds the parts in order and wires them together; the parts receive their collaborators:
-config check → BitTorrent and direct-stream ports → DHT node → the span (swarm/peer/build.py: model
+config check → BitTorrent and direct-stream ports → DHT node → reachability (a dial-back probe,
+swarm/reach.py; `reach.current` is what later parts read) → the span (swarm/peer/build.py: model
 file, layers, executor, measured `Span`) → stream handlers → metrics → announcer → rebalancer. On
 SIGINT/SIGTERM it withdraws the announcement, tells every open session's client, and stops.
 
@@ -88,6 +89,17 @@ async def serve(
         artifacts.advertise(bt_hosts(net, dht.visible_maddrs()))
         for maddr in dht.visible_maddrs():
             print(maddr, flush=True)
+        # Reachability first (the direct listener already answers dial-back nonces): what a peer
+        # does next (take a relay, offer one) depends on it.
+        await DialBackResponder().serve(dht.transport)
+        model_id = cfg.model if local_path is None else manifest.model_id
+        reach = ReachabilityMonitor(
+            cfg.reachability, dht.transport, partial(_dialback_helpers, dht, cfg.initial_peers, model_id),
+            None if direct is None else direct.expect_nonce,
+            (lambda nonce: None) if direct is None else direct.forget_nonce,
+            direct_port, listen_port(dht.visible_maddrs()), retry_s=cfg.announce_period_s,
+        )
+        await reach.probe()
         span, path, manifest, publication = await open_span(cfg, dht, artifacts, local_path)
         streams = PeerStreams(span, dial=partial(_dial_push, dht.transport))
         if cfg.debug_die_after_pushes:
@@ -109,14 +121,6 @@ async def serve(
             await dht.transport.serve(
                 SNAPSHOT_PROTOCOL, partial(_serve_snapshot, span, cfg.debug_tamper_snapshots)
             )
-        await DialBackResponder().serve(dht.transport)
-        reach = ReachabilityMonitor(
-            cfg.reachability, dht.transport, partial(_dialback_helpers, dht, cfg.initial_peers, span.model_id),
-            None if direct is None else direct.expect_nonce,
-            (lambda nonce: None) if direct is None else direct.forget_nonce,
-            direct_port, listen_port(dht.visible_maddrs()), retry_s=cfg.announce_period_s,
-        )
-        await reach.probe()
         announcer = Announcer(dht, span, cfg.announce_period_s, cfg.public_name, direct_addrs, reach,
                               direct_port)
         await announcer.announce_once()
