@@ -21,7 +21,17 @@ Files:
         against a fault-free run; leaks counted.
     __main__.py: `python -m sim [NAME ...]` lists the scenarios, or runs them (one JSON line each).
 
-Imports swarm.route, swarm.kv, swarm.wire, swarm.errors, swarm.client.session,
+The network lab (real, not simulated: Linux network namespaces, for tests and benchmarks that run
+real peers behind NAT routers and far apart; needs root):
+    netlab.py: `Lab` — an internet bridge, public sites, home sites behind nftables NAT routers,
+        port forwards, per-link delay and rate; `lab_available`; run or spawn commands in a site.
+    netns.py: namespace plumbing — the ip/sysctl/ethtool/tc/nft commands, the processes inside,
+        `missing` (why namespaces cannot be built here).
+    delayline.py: `python -m sim.delayline` — the userspace delay line (AF_PACKET; no netem here),
+        and `start` to run it in a namespace.
+    netprobe.py: `listen`, `ping` — TCP probes run in the sites (observed address, RTT, bulk).
+
+The simulator imports swarm.route, swarm.kv, swarm.wire, swarm.errors, swarm.client.session,
 swarm.peer.rebalance, swarm.arch and swarm.sizing (all free of I/O) — never swarm.dht, hivemind,
 libtorrent or llama.cpp.
 The real code it drives is unchanged; the stand-ins are the network, the DHT and the compute.

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,7 +57,12 @@ class PeerProcess:
 
 
 def start_peer(
-    root: Path, name: str, *args: str, ready_marker: str = "serving layers", env: dict | None = None
+    root: Path,
+    name: str,
+    *args: str,
+    ready_marker: str = "serving layers",
+    env: dict | None = None,
+    launcher: Sequence[str] = (),
 ) -> PeerProcess:
     """Start `swarm <args>` with SWARM_HOME=root/name and wait until it is ready.
 
@@ -66,6 +72,8 @@ def start_peer(
         args: `swarm` command line, e.g. ("serve", "--layers", "0:10", ...).
         ready_marker: text on stderr that means ready; "" waits only for the multiaddrs.
         env: extra environment variables.
+        launcher: argv prefix that runs the process elsewhere and then execs it, so its pid stays
+            the peer's: e.g. `ip netns exec NS` for a site of the network lab (sim/netlab.py).
     Raises:
         SwarmError: the process exited or was not ready within READY_S.
     """
@@ -75,7 +83,7 @@ def start_peer(
     err = open(home / "stderr.log", "w")
     full_env = {**os.environ, "SWARM_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "swarm.cli", *args],
+        [*launcher, sys.executable, "-m", "swarm.cli", *args],
         stdout=out,
         stderr=err,
         stdin=subprocess.DEVNULL,
@@ -107,10 +115,15 @@ class PeerSet:
         self.started: list[PeerProcess] = []
 
     def start(
-        self, name: str, *args: str, ready_marker: str = "serving layers", env: dict | None = None
+        self,
+        name: str,
+        *args: str,
+        ready_marker: str = "serving layers",
+        env: dict | None = None,
+        launcher: Sequence[str] = (),
     ) -> PeerProcess:
         """Start `swarm <args>` as peer `name` and wait until it is ready (see `start_peer`)."""
-        peer = start_peer(self.root, name, *args, ready_marker=ready_marker, env=env)
+        peer = start_peer(self.root, name, *args, ready_marker=ready_marker, env=env, launcher=launcher)
         self.started.append(peer)
         return peer
 

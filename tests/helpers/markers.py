@@ -5,7 +5,8 @@ Markers (declared in pyproject.toml):
 - `model`: loads a real or synthetic GGUF model in this process (tests/model, tests/parity, and any
   test that asks for a real model's fixture, e.g. for its llama.cpp oracle).
 - `peers`: starts peers on 127.0.0.1: `swarm` processes or in-process DHT, libp2p and BitTorrent
-  nodes (tests/integration).
+  nodes (tests/integration); or builds the network lab of namespaces and runs processes and peers
+  in it (tests/lab, which also carry `lab`, and skip where the lab cannot run: sim/netlab.py).
 - `slow`: needs a larger model (Qwen 0.5B, Gemma 270M). Tests that load one without asking for
   its fixture or naming it in a parameter carry `@pytest.mark.slow` themselves.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 COSTS = ("model", "peers", "slow")
-BY_DIRECTORY = {"model": "model", "parity": "model", "integration": "peers"}
+BY_DIRECTORY = {"model": "model", "parity": "model", "integration": "peers", "lab": "peers"}
 MODEL_FIXTURES = frozenset({"smollm2_path", "qwen_path", "gemma_path"})
 LARGE_MODELS = frozenset({"qwen_path", "gemma_path", "qwen2.5-coder-0.5b", "gemma3-270m"})
 
