@@ -245,10 +245,11 @@ class ReachabilityMonitor:
         if self.mode != "auto":
             return self.current
         try:
-            helpers = [h for h in await self._helpers() if h[0] != self._transport.peer_id][:MAX_ASKED]
-        except SwarmError as e:
+            async with asyncio.timeout(ASK_TIMEOUT_S):  # a DHT read may hang on a frozen node
+                helpers = [h for h in await self._helpers() if h[0] != self._transport.peer_id][:MAX_ASKED]
+        except (SwarmError, TimeoutError) as e:
             helpers = []
-            logger.info("no peers to ask for a dial-back: %s", e)
+            logger.info("no peers to ask for a dial-back: %s", str(e) or f"none within {ASK_TIMEOUT_S:.0f} s")
         answers = await asyncio.gather(*(
             ask_dialback(self._transport, pid, addrs, self._expect, self._forget,
                          self._direct_port, self._libp2p_port)
