@@ -1,11 +1,11 @@
-"""Opening a stream to a peer: direct (swarm/direct.py) and libp2p dialled at once.
+"""Opening a stream to a peer: direct (swarm/direct.py) raced against libp2p.
 
 A peer that announces direct endpoints may be unreachable at them (a direct port not forwarded or
 firewalled drops the dial silently, and the dial would wait DIAL_TIMEOUT_S), so `open_stream` starts
-both and keeps direct only when it connects in time: when libp2p opens first, direct gets a grace of
-DIRECT_GRACE_FACTOR times libp2p's opening time (at least DIRECT_GRACE_MIN_S) more, then is
-abandoned. The loser is cancelled, or closed when it opened too. `OpenedStream.attempts` records
-the order in which the two finished, and `direct_error` names the endpoints and the cause.
+direct first and libp2p when direct has not connected within DIRECT_HEAD_START_S (happy eyeballs,
+RFC 8305): whichever opens first wins, the other is abandoned, cancelled or closed.
+`OpenedStream.attempts` records the order in which the two finished, and `direct_error` names the
+endpoints and the cause.
 
 This module does not remember which transport worked for a peer (swarm/client/streams.py does).
 """
@@ -41,13 +41,11 @@ class OpenedStream(NamedTuple):
     attempts: tuple[str, ...] = ()
 
 
-DIRECT_GRACE_MIN_S = 0.1
-DIRECT_GRACE_FACTOR = 3.0
-"""When libp2p opens first, the direct dial gets DIRECT_GRACE_FACTOR times libp2p's time (at least
-DIRECT_GRACE_MIN_S) more to finish: a reachable endpoint needs a ticket round trip plus one TCP
-handshake, about twice a libp2p stream's opening, while an unforwarded one never answers. So a dead
-endpoint costs a hop at most this grace once (not DIAL_TIMEOUT_S); the client then remembers it
-(swarm/client/streams.py, DIRECT_RETRY_S) and dials libp2p alone."""
+DIRECT_HEAD_START_S = 0.25
+"""Libp2p is dialled only when direct has not connected this long after it started (RFC 8305's
+"Connection Attempt Delay"): a reachable endpoint connects within it (a ticket round trip plus one
+TCP handshake), so the peer sees one stream, not two; an unforwarded one costs this once per peer
+(the client then remembers it: swarm/client/streams.py, DIRECT_RETRY_S), not DIAL_TIMEOUT_S."""
 
 
 async def open_stream(
@@ -58,9 +56,9 @@ async def open_stream(
     protocol: str,
     timeout_s: float,
 ) -> OpenedStream:
-    """A stream to `peer_id` for `protocol`: direct and libp2p dialled at once; direct is used when it
-    connects, libp2p when direct fails or is still not open a grace after libp2p opened (so an
-    unforwarded direct port costs no DIAL_TIMEOUT_S). The loser is cancelled, or closed if it opened.
+    """A stream to `peer_id` for `protocol`: direct when it connects; libp2p, started when direct has
+    failed or not connected within DIRECT_HEAD_START_S, when direct fails or libp2p opens first (then
+    direct is abandoned). The loser is cancelled, or closed if it opened too.
 
     Raises:
         PeerUnreachable: neither could open the stream (the text says why each failed).
@@ -70,26 +68,25 @@ async def open_stream(
     if not endpoints:
         return OpenedStream(await _open_libp2p(transport, peer_id, addrs, protocol, timeout_s), "libp2p",
                             attempts=("libp2p opened",))
-    loop = asyncio.get_running_loop()
-    t0, progress, attempts = loop.time(), [], []
+    progress: list[str] = []
+    attempts: list[str] = []
     direct = asyncio.create_task(dial(transport, peer_id, addrs, endpoints, protocol, timeout_s, progress))
-    libp2p = asyncio.create_task(_open_libp2p(transport, peer_id, addrs, protocol, timeout_s))
+    libp2p: asyncio.Task | None = None
     used: asyncio.Task | None = None
     try:
-        done, _ = await asyncio.wait({direct, libp2p}, return_when=asyncio.FIRST_COMPLETED)
-        if direct not in done and libp2p.exception() is None:
-            attempts.append("libp2p opened")
-            grace_s = max(DIRECT_GRACE_MIN_S, DIRECT_GRACE_FACTOR * (loop.time() - t0))
-            await asyncio.wait({direct}, timeout=grace_s)
-            if not direct.done():
-                why = (f"direct dial abandoned {grace_s * 1000:.0f} ms after libp2p opened, still "
-                       f"{progress[-1] if progress else 'starting'} (no answer: a port not forwarded "
-                       "or firewalled?)")
-                attempts.append(f"direct abandoned: {why}")
+        await asyncio.wait({direct}, timeout=DIRECT_HEAD_START_S)
+        if not (direct.done() and direct.exception() is None):
+            libp2p = asyncio.create_task(_open_libp2p(transport, peer_id, addrs, protocol, timeout_s))
+            done, _ = await asyncio.wait({direct, libp2p}, return_when=asyncio.FIRST_COMPLETED)
+            if direct not in done and libp2p.exception() is None:
+                why = (f"direct dial abandoned: libp2p opened first, {DIRECT_HEAD_START_S * 1000:.0f} ms after "
+                       f"direct started, direct still {progress[-1] if progress else 'starting'} (no answer: "
+                       "a port not forwarded or firewalled?)")
+                attempts += ["libp2p opened", f"direct abandoned: {why}"]
                 logger.info("direct stream to %s not used: %s", peer_id[:12], why)
                 used = libp2p
                 return OpenedStream(libp2p.result(), "libp2p", why, tuple(attempts))
-        await asyncio.wait({direct})  # libp2p failed first: direct is the only way left
+            await asyncio.wait({direct})  # libp2p failed first: direct is the only way left
         if direct.exception() is None:
             attempts.append("direct opened")
             used = direct
@@ -97,18 +94,20 @@ async def open_stream(
         why = str(direct.exception()) or type(direct.exception()).__name__
         attempts.append(f"direct failed: {why}")
         logger.info("direct stream to %s failed, using libp2p: %s", peer_id[:12], why)
+        if libp2p is None:  # direct failed within its head start
+            libp2p = asyncio.create_task(_open_libp2p(transport, peer_id, addrs, protocol, timeout_s))
         try:
             stream = await libp2p
         except SwarmError as e:
             raise type(e)(f"{e} (and the direct stream failed: {why})") from e
-        if "libp2p opened" not in attempts:
-            attempts.append("libp2p opened")
+        attempts.append("libp2p opened")
         used = libp2p
         return OpenedStream(stream, "libp2p", why, tuple(attempts))
     finally:
-        for task in (direct, libp2p):
+        tasks = [t for t in (direct, libp2p) if t is not None]
+        for task in tasks:
             task.cancel()
-        for task, result in zip((direct, libp2p), await asyncio.gather(direct, libp2p, return_exceptions=True)):
+        for task, result in zip(tasks, await asyncio.gather(*tasks, return_exceptions=True)):
             if task is not used and isinstance(result, FramedStream):
                 await result.close()  # the loser had opened too
 
