@@ -79,8 +79,8 @@ async def open_stream(
             libp2p = asyncio.create_task(_open_libp2p(transport, peer_id, addrs, protocol, timeout_s))
             done, _ = await asyncio.wait({direct, libp2p}, return_when=asyncio.FIRST_COMPLETED)
             if direct not in done and libp2p.exception() is None:
-                why = (f"direct dial abandoned: libp2p opened first, {DIRECT_HEAD_START_S * 1000:.0f} ms after "
-                       f"direct started, direct still {progress[-1] if progress else 'starting'} (no answer: "
+                why = (f"direct dial abandoned: libp2p, started {DIRECT_HEAD_START_S * 1000:.0f} ms after direct, "
+                       f"opened first; direct was still {progress[-1] if progress else 'starting'} (no answer: "
                        "a port not forwarded or firewalled?)")
                 attempts += ["libp2p opened", f"direct abandoned: {why}"]
                 logger.info("direct stream to %s not used: %s", peer_id[:12], why)
