@@ -21,6 +21,9 @@ Packages and modules (see docs/architecture.md for the data flow):
     reference.py  PyTorch reference of llama-style blocks, for validating architectures
     p2p.py        framed persistent libp2p streams over hivemind's p2pd
     direct.py     direct TCP streams, set up over libp2p and sealed with ChaCha20-Poly1305
+    dialing.py    a stream to a peer: direct raced against libp2p, no long wait on a dead endpoint
+    reach.py      dial-back probes: whether other peers can dial this one, and its public address
+    reach_rules.py pure: reachability from dial-back answers, addresses to announce, dial-back budget
     peerid.py     the libp2p peer id of an RSA public key (pure; shared by dht/ and kv/)
     netaddr.py    listen and advertised addresses: IPv4/IPv6 literals, multiaddrs, libtorrent strings
     eventloop.py  the event loop of peer processes and the client's loop thread (asyncio or uvloop)

@@ -29,7 +29,7 @@ import secrets
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple
+from typing import Iterable
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -157,6 +157,7 @@ class DirectServer:
         self._handlers: dict[str, StreamHandler] = {}
         self._book = TicketBook()
         self._server: asyncio.AbstractServer | None = None
+        self._nonces: dict[bytes, asyncio.Future[None]] = {}  # dial-back probes awaited (swarm.reach)
 
     async def listen(self, host: str, port: int = 0) -> int:
         """Listen on host:port (0: any free port). Returns the port.
@@ -176,6 +177,17 @@ class DirectServer:
         that may be reached directly); the streams run under `transport`, whose `close` ends them."""
         self._transport, self._handlers = transport, dict(handlers)
         await transport.serve(DIRECT_PROTOCOL, self._issue, max_frame_bytes=_MAX_PROTOCOL_CHARS)
+
+    def expect_nonce(self, nonce: bytes) -> asyncio.Future[None]:
+        """A future done when a connection presents `nonce` (TICKET_BYTES long) as its first frame: a
+        dial-back probe (swarm.reach) reached this listener. `forget_nonce` it when done."""
+        if len(nonce) != TICKET_BYTES:
+            raise ValueError(f"a dial-back nonce has {TICKET_BYTES} bytes, got {len(nonce)}")
+        return self._nonces.setdefault(nonce, asyncio.get_running_loop().create_future())
+
+    def forget_nonce(self, nonce: bytes) -> None:
+        """Stop awaiting `nonce` (its probe ended)."""
+        self._nonces.pop(nonce, None)
 
     async def close(self) -> None:
         """Stop accepting; running streams end with the transport's `close`."""
@@ -209,6 +221,12 @@ class DirectServer:
                          writer.get_extra_info("peername"), e)
             await hello.close()
             return
+        probe = self._nonces.pop(ticket, None)
+        if probe is not None:  # a dial-back, not a client: it proved reachability and is done
+            if not probe.done():
+                probe.set_result(None)
+            await hello.close()
+            return
         grant = self._book.redeem(ticket, asyncio.get_running_loop().time())
         if grant is None or self._transport is None:
             logger.info("direct connection from %s refused: unknown, used or expired ticket",
@@ -232,6 +250,7 @@ async def dial(
     endpoints: Iterable[str],
     protocol: str,
     timeout_s: float,
+    progress: list[str] | None = None,
 ) -> FramedStream:
     """Open a direct stream to `peer_id` for `protocol`: a ticket over libp2p, then TCP.
 
@@ -239,78 +258,93 @@ async def dial(
         transport: the client's libp2p transport.
         peer_id: the peer to reach.
         addrs: its libp2p multiaddrs (for the ticket request).
-        endpoints: its announced direct multiaddrs, tried in order.
+        endpoints: its announced direct multiaddrs, dialled at once, the first to connect used.
         protocol: the stream protocol to speak (the peer must offer it directly).
         timeout_s: the whole setup's bound; one endpoint's dial is bounded by DIAL_TIMEOUT_S too.
+        progress: where the setup is, appended as it goes ("ticket", "dialling HOST:PORT, ..."), so
+            that a caller who abandons the dial can say what it was waiting for.
     Returns:
         an open FramedStream whose frames are sealed (close it).
     Raises:
-        PeerUnreachable: no ticket, or no endpoint accepted a connection (fall back to libp2p).
+        PeerUnreachable: no ticket, or no endpoint accepted a connection; the text names each
+            endpoint and its cause (fall back to libp2p).
         PeerTimeout: the setup took over timeout_s.
     """
+    progress = [] if progress is None else progress
     targets = [hp for hp in map(maddr_host_port, endpoints) if hp is not None]
     if not targets:
         raise PeerUnreachable(f"peer {peer_id[:12]}… announces no usable direct endpoint")
     try:
         async with asyncio.timeout(timeout_s):
+            progress.append("asking for a ticket over libp2p")
             async with await transport.open_stream(peer_id, addrs, DIRECT_PROTOCOL, max_frame_bytes=64) as s:
                 await s.send(protocol.encode("ascii"))
                 grant = await s.recv(timeout_s)
             if len(grant) != TICKET_BYTES + KEY_BYTES:
                 raise PeerUnreachable(f"peer {peer_id[:12]}… answered a ticket of {len(grant)} bytes")
             ticket, key = grant[:TICKET_BYTES], grant[TICKET_BYTES:]
-            errors = []
-            for host, port in targets:
-                try:
-                    async with asyncio.timeout(DIAL_TIMEOUT_S):
-                        reader, writer = await asyncio.open_connection(host, port)
-                except (OSError, TimeoutError) as e:
-                    errors.append(f"{host}:{port}: {e or 'timed out'}")
-                    continue
-                hello = FramedStream(peer_id, protocol, reader, writer, TICKET_BYTES)
-                await hello.send(ticket)
-                return FramedStream(peer_id, protocol, reader, writer, MAX_FRAME_BYTES,
-                                     cipher=AeadFrameCipher(key, initiator=True))
+            progress.append("dialling " + ", ".join(f"{h}:{p}" for h, p in targets))
+            reader, writer = await _connect_first(peer_id, targets)
     except TimeoutError:
-        raise PeerTimeout(f"direct stream to {peer_id[:12]}… not set up within {timeout_s:.1f} s") from None
+        raise PeerTimeout(f"direct stream to {peer_id[:12]}… not set up within {timeout_s:.1f} s "
+                          f"({progress[-1]})") from None
+    hello = FramedStream(peer_id, protocol, reader, writer, TICKET_BYTES)
+    await hello.send(ticket)
+    return FramedStream(peer_id, protocol, reader, writer, MAX_FRAME_BYTES,
+                         cipher=AeadFrameCipher(key, initiator=True))
+
+
+async def _connect_first(peer_id: str, targets: list[tuple[str, int]]):
+    """(reader, writer) of the first of `targets` to accept a TCP connection, each dial bounded by
+    DIAL_TIMEOUT_S; the others are cancelled or closed.
+
+    Raises:
+        PeerUnreachable: none connected; the text names each endpoint and why.
+    """
+
+    async def connect(host: str, port: int):
+        try:
+            async with asyncio.timeout(DIAL_TIMEOUT_S):
+                return await asyncio.open_connection(host, port)
+        except TimeoutError:
+            raise PeerUnreachable(f"timed out after {DIAL_TIMEOUT_S:.1f} s dialling {host}:{port}") from None
+        except OSError as e:
+            raise PeerUnreachable(f"{dial_error_words(e)} dialling {host}:{port}") from None
+
+    tasks = [asyncio.create_task(connect(h, p)) for h, p in targets]
+    errors: list[str] = []
+    winner = None
+    try:
+        for next_done in asyncio.as_completed(tasks):
+            try:
+                winner = await next_done
+                return winner
+            except PeerUnreachable as e:
+                errors.append(str(e))
+    finally:
+        for task in tasks:
+            task.cancel()
+        for result in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(result, tuple) and result is not winner:
+                result[1].close()  # another endpoint that connected too
     raise PeerUnreachable(f"no direct endpoint of {peer_id[:12]}… answered: {'; '.join(errors)}")
 
 
-class OpenedStream(NamedTuple):
-    """What `open_stream` opened: the stream, its kind ("direct" or "libp2p"), and why a direct
-    stream was not opened when endpoints were tried ("" otherwise)."""
-
-    stream: FramedStream
-    kind: str
-    direct_error: str = ""
-
-
-async def open_stream(
-    transport: SwarmP2P,
-    peer_id: str,
-    addrs: Iterable[str],
-    endpoints: Iterable[str],
-    protocol: str,
-    timeout_s: float,
-) -> OpenedStream:
-    """A stream to `peer_id` for `protocol`: direct when it announces endpoints that answer, else
-    through libp2p.
-
-    Raises:
-        PeerUnreachable: libp2p could not open the stream either.
-        PeerTimeout: the libp2p stream was not open within timeout_s.
-    """
-    endpoints, addrs = tuple(endpoints), tuple(addrs)
-    why = ""
-    if endpoints:
-        try:
-            stream = await dial(transport, peer_id, addrs, endpoints, protocol, timeout_s)
-            return OpenedStream(stream, "direct")
-        except PeerUnreachable as e:
-            why = str(e)
-            logger.info("direct stream to %s failed, using libp2p: %s", peer_id[:12], e)
+async def tcp_answers(endpoints: Iterable[str], timeout_s: float) -> bool:
+    """Whether one of these direct endpoints accepts a TCP connection within timeout_s (closed at
+    once, before any ticket): the reachability check of `swarm status`."""
+    targets = [hp for hp in map(maddr_host_port, endpoints) if hp is not None]
+    if not targets:
+        return False
     try:
         async with asyncio.timeout(timeout_s):
-            return OpenedStream(await transport.open_stream(peer_id, addrs, protocol), "libp2p", why)
-    except TimeoutError:
-        raise PeerTimeout(f"peer {peer_id[:12]}… did not accept a stream within {timeout_s:.1f} s") from None
+            _, writer = await _connect_first("(check)", targets)
+    except (PeerUnreachable, TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+def dial_error_words(e: OSError) -> str:
+    """The cause of a failed TCP dial in words ("Connection refused"), never empty."""
+    return os.strerror(e.errno) if e.errno else (str(e) or type(e).__name__)

@@ -28,6 +28,9 @@ PING_PROTOCOL = "/swarm/ping/1"
 DIRECT_PROTOCOL = "/swarm/direct/1"
 """Sets up a direct TCP stream to a peer over an authenticated libp2p stream (swarm/direct.py)."""
 
+REACH_PROTOCOL = "/swarm/reach/1"
+"""A peer asks another to dial it back at the address it was seen at (swarm/reach.py)."""
+
 SNAPSHOT_PROTOCOL = "/swarm/kvsnap/1"
 """Fetches a prefix KV snapshot from the peer that holds it (swarm/peer/snapshots.py)."""
 

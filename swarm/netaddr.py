@@ -140,6 +140,16 @@ def maddr_host_port(maddr: str) -> tuple[str, int] | None:
     return str(ip), port
 
 
+def listen_port(maddrs: Iterable[str]) -> int | None:
+    """The TCP port of the first IP/TCP multiaddr of `maddrs` (a `/p2p/<id>` tail allowed): the port
+    a libp2p daemon listens on, as its visible multiaddrs name it; None when none is IP/TCP."""
+    for maddr in maddrs:
+        hp = maddr_host_port(maddr.split("/p2p/", 1)[0])
+        if hp is not None:
+            return hp[1]
+    return None
+
+
 def advertised_hosts(maddrs: Iterable[str]) -> list[str]:
     """The distinct IP hosts of `maddrs` (see `maddr_host_port`), wildcards left out; addresses
     other machines can reach come first, loopback ones (useful only on this machine) last."""

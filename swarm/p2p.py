@@ -77,6 +77,8 @@ class FramedStream:
         max_frame_bytes: largest frame this side accepts or sends (plaintext).
         cipher: seals and opens every frame (direct connections); None on libp2p, which encrypts
             and authenticates itself.
+        remote_addr: the multiaddr the other end's connection came from, as this side's daemon saw it
+            (its address from outside, for swarm.reach); "" when not known (streams this side opened).
     """
 
     def __init__(
@@ -87,8 +89,10 @@ class FramedStream:
         writer: asyncio.StreamWriter,
         max_frame_bytes: int = MAX_FRAME_BYTES,
         cipher: FrameCipher | None = None,
+        remote_addr: str = "",
     ):
         self.remote_peer_id = remote_peer_id
+        self.remote_addr = remote_addr
         self.protocol = protocol
         self.max_frame_bytes = max_frame_bytes
         self.cipher = cipher
@@ -274,7 +278,8 @@ class SwarmP2P:
         """
 
         async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            session = FramedStream(info.peer_id.to_base58(), info.proto, reader, writer, max_frame_bytes)
+            session = FramedStream(info.peer_id.to_base58(), info.proto, reader, writer, max_frame_bytes,
+                                   remote_addr=str(info.addr))
             await self.run_handler(handler, session)
 
         try:

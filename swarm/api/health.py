@@ -1,8 +1,10 @@
 """The swarm's health, as the API's page and JSON show it: `swarm status`, refreshed every few seconds.
 
-`HealthMonitor` reads the model's announcements from the DHT every `period_s` and keeps the latest
-`swarm.client.status.StatusReport` (the same analysis `swarm status` prints: peers and spans, whether
-a complete route exists, its estimated tokens/s, routable throughput, dead ends). `health_page()` is
+`HealthMonitor` reads the model's announcements from the DHT every `period_s`, pings the peers (as
+`swarm status` does, so that a peer announced but unreachable is told apart from a layer nobody
+announces) and keeps the latest `swarm.client.status.StatusReport` (the same analysis `swarm status`
+prints: peers and spans, each one's transport, whether a complete route exists, its estimated
+tokens/s, routable throughput, dead ends, unreachable layers with the likely cause). `health_page()` is
 the HTML of `/`: a static page whose script polls `/v1/swarm/status` and redraws itself.
 
 This module does not plan routes or analyse chains itself (swarm/client/status.py does).
@@ -34,6 +36,8 @@ class HealthMonitor:
         model_id: the model.
         n_layers: its layer count.
         period_s: seconds between reads.
+        probe: coroutine function: announcements -> (peer id -> ping ms or None, peer id ->
+            transport, peer id -> clock offset), as `swarm.client.status.probe_peers`; None: nobody is pinged.
     Attributes:
         report: the latest report, or None before the first read.
         error: the last read's failure, or None when it succeeded.
@@ -46,8 +50,10 @@ class HealthMonitor:
         model_id: str,
         n_layers: int,
         period_s: float,
+        probe: Callable[[list[Announcement]], Awaitable[tuple[dict, dict]]] | None = None,
     ):
         self._read, self.model_id, self.n_layers, self.period_s = read, model_id, n_layers, period_s
+        self._probe = probe
         self.report: StatusReport | None = None
         self.error: str | None = None
         self.updated_at = 0.0
@@ -58,16 +64,19 @@ class HealthMonitor:
         Raises:
             SwarmError: the DHT did not answer within READ_TIMEOUT_S (also kept in `error`).
         """
+        rtt_ms, transport, clocks = None, None, None
         try:
             async with asyncio.timeout(READ_TIMEOUT_S):
                 announced = await self._read()
+                if self._probe is not None:
+                    rtt_ms, transport, clocks = await self._probe(announced)
         except TimeoutError:
             self.error = f"the DHT did not answer within {READ_TIMEOUT_S:.0f} s"
             raise SwarmError(self.error) from None
         except SwarmError as e:
             self.error = str(e)
             raise
-        self.report = status_report(self.model_id, self.n_layers, announced)
+        self.report = status_report(self.model_id, self.n_layers, announced, rtt_ms, transport, clocks)
         self.error, self.updated_at = None, time.time()
         return self.report
 

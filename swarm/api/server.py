@@ -24,7 +24,7 @@ from swarm.api.metrics import ApiMetrics
 from swarm.api.service import ModelService
 from swarm.client.api import Client
 from swarm.client.connection import SwarmConnection
-from swarm.client.status import model_manifest
+from swarm.client.status import model_manifest, probe_peers
 from swarm.errors import AddressError
 from swarm.manifest import build_manifest
 from swarm.models import DEFAULT_MODEL, KNOWN_MODELS, is_model_id, resolve_model
@@ -106,7 +106,7 @@ def run_api(cfg: ApiConfig) -> None:
             model_id = manifest.model_id
             monitor = HealthMonitor(
                 _announcement_reader(conn, model_id, manifest.n_layers), model_id, manifest.n_layers,
-                cfg.status_period_s,
+                cfg.status_period_s, _peer_prober(conn),
             )
         service = ModelService(client, model_names(cfg.model, model_id), model_id)
         metrics = ApiMetrics(lambda: None if monitor is None else monitor.report)
@@ -133,6 +133,14 @@ def _announcement_reader(conn: SwarmConnection, model_id: str, n_layers: int):
         return await asyncio.wrap_future(fut)
 
     return read
+
+
+def _peer_prober(conn: SwarmConnection):
+    async def probe(announced):
+        fut = asyncio.run_coroutine_threadsafe(probe_peers(conn, announced), conn.loop.loop)
+        return await asyncio.wrap_future(fut)
+
+    return probe
 
 
 def _ready_line(sock: socket.socket) -> str:

@@ -45,7 +45,7 @@ def add_peer_args(p: argparse.ArgumentParser, bittorrent: bool = False) -> None:
 
 def add_relay_args(p: argparse.ArgumentParser, serving: bool = True) -> None:
     """Add the relay options (swarm.relay): --relay-port and --no-relay-service, and for a serving peer
-    --reachability and --relay. One place, so that reachability detection can replace the flag."""
+    --reachability (swarm.reach) and --relay."""
     p.add_argument(
         "--relay-port", type=int, default=0,
         help="TCP port of the relay service this peer offers to peers behind NATs (0: any free port)",
@@ -64,9 +64,10 @@ def add_relay_args(p: argparse.ArgumentParser, serving: bool = True) -> None:
                    help="relayed bytes per second per peer, e.g. 16MiB (default 16MiB)")
     if serving:
         p.add_argument(
-            "--reachability", choices=("public", "private"), default="public",
-            help="public: other peers can dial this one; private: behind a NAT without port forwards, "
-            "so it registers with a relay and announces only the relay's address (default public)",
+            "--reachability", choices=("auto", "public", "private"), default="auto",
+            help="auto: ask other peers to dial this one back and announce whether they could (and a "
+            "public address they reached, so a port forward needs no --public-address); a peer found "
+            "private takes a relay. public/private: announce that without asking (default auto)",
         )
         p.add_argument(
             "--relay", choices=("auto", "off"), default="auto",

@@ -634,6 +634,7 @@ class RouteSession:
         plan = plan_route(
             spans, self.spec.n_layers, self.spec.n_tokens, start=start, end=end, exclude=exclude,
             penalty_ms=self.checks.penalties() if self.checks is not None else None,
+            unreachable=frozenset(self._exclusions.liveness_suspects(now)),
         )
         return plan.hops, {s.peer_id: s for s in spans}
 

@@ -2,15 +2,23 @@
 and which peers this machine's clients caught computing wrong (spot checks, swarm/client/checks.py).
 
 A peer's record outlives the peer: one killed with -9 stays announced until its record expires, so
-`swarm status` pings every announced peer and counts only those that answer. Each answer carries the
-peer's wall time: a clock far from the others' median is shown (column "clock" and a warning line).
+`swarm status` pings every announced peer and counts only those that answer. Layers that only
+silent peers announce are "announced but unreachable" (with the likely cause: the reachability
+those peers announce, swarm/reach_rules.py), not "not covered". A peer that answers is reached
+"direct" when one of its direct endpoints accepts a TCP connection, else through "libp2p": the
+transport a client's stream to it would take (swarm/direct.py), or "relayed" for a peer that
+announces only relay addresses (pinged through its relay, swarm/relay). Each libp2p answer carries
+the peer's wall time: a clock far from the others' median is shown (a warning line, and
+`clock_skew_s` in the JSON).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from rich.console import Console
 from rich.table import Table
@@ -18,15 +26,17 @@ from rich.table import Table
 from swarm.artifacts.distribute import find_manifest
 from swarm.client.checks import read_evidence
 from swarm.client.connection import SwarmConnection
+from swarm.dht.clock import SKEW_WARN_S, relative_skews, skew_against
 from swarm.dht.identity import resolve_data_dir
-from swarm.dht.clock import SKEW_WARN_S, relative_skews, skew_against, skew_words
 from swarm.dht.records import Announcement
+from swarm.direct import tcp_answers
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id, resolve_model
 from swarm.errors import NoRoute, SwarmError
 from swarm.route.chains import ChainReport, analyze_chains
 from swarm.route.plan import RoutePlan, layer_ranges, plan_route
 from swarm.route.snapshot import peer_spans
+from swarm.reach_rules import unreachable_words
 from swarm.relay import dial as relay_dial
 from swarm.relay.handshake import RelayIdentity
 
@@ -40,11 +50,13 @@ class StatusReport:
         n_layers: layers in the model.
         peers: live announcements, sorted by span start.
         chains: complete chains, dead ends and routable throughput (`swarm.route.chains`).
-        best_route: the planner's route over peers with a free session slot (compute cost plus
-            no network: status measures no RTTs), or None when there is none.
+        best_route: the planner's route over peers with a free session slot (compute cost plus the
+            measured ping RTT; 0 where none was measured), or None when there is none.
         no_route: why `best_route` is None (the planner's NoRoute message), else None.
         rtt_ms: peer id -> ping round trip in ms, None for a peer that did not answer; empty when
             nobody was pinged. Peers that did not answer are left out of `chains` and `best_route`.
+        transport: peer id -> "direct", "libp2p" or "relayed", how a stream to the peer would go
+            (peers that answered a ping); empty when not measured.
         caught: evidence of peers this machine's clients caught computing wrong in spot checks
             (`swarm.client.checks.read_evidence`: dicts of a `CheckEvent` plus `at`, Unix seconds).
         clock_s: peer id -> its clock minus the median clock of the peers that answered with a time,
@@ -58,6 +70,7 @@ class StatusReport:
     best_route: RoutePlan | None
     no_route: str | None
     rtt_ms: dict[str, float | None] = field(default_factory=dict)
+    transport: dict[str, str] = field(default_factory=dict)
     caught: tuple[dict, ...] = ()
     clock_s: dict[str, float] = field(default_factory=dict)
 
@@ -65,6 +78,23 @@ class StatusReport:
     def silent(self) -> list[Announcement]:
         """Announced peers that did not answer a ping (crashed, frozen or unreachable)."""
         return [p for p in self.peers if p.peer_id in self.rtt_ms and self.rtt_ms[p.peer_id] is None]
+
+    @property
+    def unreachable_layers(self) -> list[int]:
+        """Layers no answering peer serves but a silent one announces: announced but unreachable."""
+        silent = self.silent
+        return [m for m in self.chains.missing if any(p.start <= m < p.end for p in silent)]
+
+    @property
+    def uncovered_layers(self) -> list[int]:
+        """Layers nobody announces at all."""
+        unreachable = set(self.unreachable_layers)
+        return [m for m in self.chains.missing if m not in unreachable]
+
+    def unreachable_why(self) -> str:
+        """The likely cause of the silent peers' silence and the fix ("" when none is silent)."""
+        silent = self.silent
+        return unreachable_words([p.reachability for p in silent]) if silent else ""
 
     @property
     def covered(self) -> bool:
@@ -90,62 +120,75 @@ class StatusReport:
             else {
                 "tokens_per_s": self.best_route_tokens_per_s,
                 "hops": [[h.peer_id, h.start, h.end] for h in self.best_route.hops],
+                "transports": [self.transport.get(h.peer_id, "") for h in self.best_route.hops],
             },
             "no_route": self.no_route,
+            "unreachable_layers": self.unreachable_layers,
+            "uncovered_layers": self.uncovered_layers,
+            "unreachable_why": self.unreachable_why(),
             "dead_ends": [dataclasses.asdict(d) for d in self.chains.dead_ends],
             "peers": [
                 {**dataclasses.asdict(p), "answered": self.rtt_ms.get(p.peer_id, 0.0) is not None,
-                 "rtt_ms": self.rtt_ms.get(p.peer_id), "clock_skew_s": self.clock_s.get(p.peer_id)}
+                 "rtt_ms": self.rtt_ms.get(p.peer_id), "transport": self.transport.get(p.peer_id, ""),
+                 "clock_skew_s": self.clock_s.get(p.peer_id)}
                 for p in self.peers
             ],
             "caught": list(self.caught),
         }
 
-    def print_table(self) -> None:
-        """Human table and route verdict on stdout."""
-        dead = {d.peer_id: d.reason for d in self.chains.dead_ends}
+    def print_table(self, console: Console | None = None) -> None:
+        """Human table and route verdict (stdout by default); the table fits 80 columns."""
+        dead = {d.peer_id for d in self.chains.dead_ends}
         silent = self.silent
-        table = Table(title=f"model {self.model_id[:16]}… ({self.n_layers} layers)")
-        clocks = bool(self.clock_s)  # a column only when some peer told its time
-        cols = ("peer", "layers", "decode steps/s", "prefill tok/s", "free cache", "sessions free", "rtt")
-        for col in cols + ("clock",) * clocks + ("chain", "name"):
-            table.add_column(col)
+        table = Table(title=f"model {self.model_id[:16]}… ({self.n_layers} layers)", box=None,
+                      padding=(0, 1), header_style="bold")
+        for col, right in (("peer", False), ("layers", False), ("dec/s", True), ("free kv", True),
+                           ("slots", True), ("rtt ms", True), ("via", False), ("state", False),
+                           ("name", False)):
+            table.add_column(col, justify="right" if right else "left", no_wrap=True,
+                             overflow="ellipsis", max_width=12 if col == "name" else None)
         for p in self.peers:
-            clock = (skew_words(self.clock_s[p.peer_id]) if p.peer_id in self.clock_s else "",) * clocks
+            ms = self.rtt_ms.get(p.peer_id)
             table.add_row(
-                p.peer_id[:16] + "…",
+                p.peer_id[:10] + "…",
                 f"{p.start}:{p.end}",
                 f"{p.decode_steps_per_s:.1f}",
-                f"{p.prefill_tokens_per_s:.0f}",
                 str(p.free_cache_tokens),
                 f"{p.sessions_free}/{p.max_sessions}",
-                _rtt_words(self.rtt_ms, p.peer_id) + (" (relayed)" if p.relay_addrs else ""),
-                *clock,
-                "no answer" if p in silent
-                else f"dead end ({_DEAD_END_WORDS[dead[p.peer_id]]})" if p.peer_id in dead else "ok",
+                "" if p.peer_id not in self.rtt_ms else "–" if ms is None else f"{ms:.1f}",
+                self.transport.get(p.peer_id, "") or ("–" if p in silent else ""),
+                "no answer" if p in silent else "dead end" if p.peer_id in dead else "ok",
                 p.public_name or "",
             )
-        console = Console()
+        console = console or Console()
         console.print(table)
         for line in self.verdict():
             console.print(line, highlight=False)
 
     def verdict(self) -> list[str]:
         """Plain-text lines: coverage, whether a route exists, its speed, and each dead end."""
-        lines = [
-            "all layers covered"
-            if self.covered
-            else f"layers not covered: {layer_ranges(self.chains.missing)}"
-        ]
+        lines = ["all layers covered"] if self.covered else []
+        if self.unreachable_layers:
+            serving = [p for p in self.silent if any(p.start <= m < p.end for m in self.unreachable_layers)]
+            lines.append(
+                f"layers {layer_ranges(self.unreachable_layers)} announced but unreachable: {len(serving)} "
+                f"peer(s) serving them did not answer ({unreachable_words([p.reachability for p in serving])})"
+            )
+        if self.uncovered_layers:
+            lines.append(f"layers not covered: {layer_ranges(self.uncovered_layers)}")
         if not self.chains.complete:
             lines.append("no route: no chain of whole spans joins layer 0 to the last layer")
         elif self.best_route is None:
             lines.append(f"a complete chain exists, but no route now: {self.no_route}")
         else:
-            hops = " → ".join(f"{h.start}:{h.end} ({h.peer_id[:12]}…)" for h in self.best_route.hops)
+            hops = " → ".join(
+                f"{h.start}:{h.end} ({h.peer_id[:12]}…" + (f", {self.transport[h.peer_id]})"
+                                                           if self.transport.get(h.peer_id) else ")")
+                for h in self.best_route.hops
+            )
             lines.append(
                 f"route exists: best {hops}, ~{self.best_route_tokens_per_s:.1f} tokens/s per session "
-                f"(compute only); swarm capacity ~{self.chains.routable_tokens_per_s:.1f} tokens/s"
+                f"(compute + measured rtt); swarm capacity ~{self.chains.routable_tokens_per_s:.1f} tokens/s"
             )
         for d in self.chains.dead_ends:
             lines.append(f"dead end: {d.start}:{d.end} on {d.peer_id[:16]}… ({_DEAD_END_WORDS[d.reason]})")
@@ -155,8 +198,9 @@ class StatusReport:
                 lines.append(f"clock: {p.peer_id[:16]}…'s clock is {skew_against(skew, 'the median')} "
                              "(it writes its records in the swarm's time; set its clock with NTP)")
         for p in self.silent:
-            lines.append(f"no answer: {p.start}:{p.end} on {p.peer_id[:16]}… is announced but did not answer "
-                         "a ping (crashed, frozen or unreachable; its record lapses when it expires)")
+            lines.append(f"no answer: {p.start}:{p.end} on {p.peer_id[:16]}… is announced (reachability "
+                         f"{p.reachability}) but did not answer a ping ({unreachable_words([p.reachability])}; "
+                         "a dead peer's record lapses when it expires)")
         for c in self.caught:
             lines.append(
                 f"caught computing wrong (a spot check of this machine's client): {c['start']}:{c['end']} on "
@@ -173,13 +217,6 @@ _DEAD_END_WORDS = {
 }
 
 
-def _rtt_words(rtt_ms: dict[str, float | None], peer_id: str) -> str:
-    if peer_id not in rtt_ms:
-        return ""
-    ms = rtt_ms[peer_id]
-    return "no answer" if ms is None else f"{ms:.1f} ms"
-
-
 PING_TIMEOUT_S = 3.0
 """How long `swarm status` waits for one announced peer to answer a ping, seconds."""
 
@@ -189,6 +226,7 @@ def status_report(
     n_layers: int,
     announcements,
     rtt_ms: dict[str, float | None] | None = None,
+    transport: dict[str, str] | None = None,
     clock_offsets_s: dict[str, float] | None = None,
     caught: tuple[dict, ...] = (),
 ) -> StatusReport:
@@ -198,22 +236,22 @@ def status_report(
         announcements: `Announcement`s read from the DHT.
         rtt_ms: ping results by peer id (None: no answer); peers without an answer are left out of
             the route analysis. None: nobody was pinged, every announcement counts.
+        transport: peer id -> "direct", "libp2p" or "relayed" (see StatusReport.transport).
         clock_offsets_s: peer id -> its wall time minus this observer's, seconds, for peers that
             answered with a time (swarm.dht.clock).
         caught: spot-check evidence of this machine's clients (`StatusReport.caught`).
     """
     rtt_ms = dict(rtt_ms or {})
     peers = tuple(sorted(announcements, key=lambda a: (a.start, a.end, a.peer_id)))
-    spans = peer_spans([p for p in peers if rtt_ms.get(p.peer_id, 0.0) is not None])
+    measured = {p: math.inf if ms is None else ms for p, ms in rtt_ms.items()}  # inf: "unreachable"
+    answered = peer_spans([p for p in peers if rtt_ms.get(p.peer_id, 0.0) is not None], measured)
     best, why = None, None
     try:
-        if peers and not spans:
-            raise NoRoute("no announced peer answered a ping")
-        best = plan_route(spans, n_layers, need_tokens=1, default_rtt_ms=0.0)
+        best = plan_route(peer_spans(peers, measured), n_layers, need_tokens=1, default_rtt_ms=0.0)
     except NoRoute as e:
         why = str(e)
-    return StatusReport(model_id, n_layers, peers, analyze_chains(spans, n_layers), best, why, rtt_ms,
-                        caught=caught, clock_s=relative_skews(clock_offsets_s or {}))
+    return StatusReport(model_id, n_layers, peers, analyze_chains(answered, n_layers), best, why, rtt_ms,
+                        dict(transport or {}), caught, relative_skews(clock_offsets_s or {}))
 
 
 def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
@@ -226,17 +264,33 @@ def swarm_status(model: str, initial_peers: list[str]) -> StatusReport:
     try:
         manifest = model_manifest(conn, model)
         peers = conn.announcements(manifest.model_id, manifest.n_layers)
-        rtt_ms, offsets = conn.loop.run(_ping_all(conn, peers), timeout_s=PING_TIMEOUT_S * 4)
+        probes = conn.loop.run(probe_peers(conn, peers), timeout_s=PING_TIMEOUT_S * 4)
     finally:
         conn.close()
     caught = read_evidence(resolve_data_dir(None), manifest.model_id)
-    return status_report(manifest.model_id, manifest.n_layers, peers, rtt_ms, offsets, caught)
+    return status_report(manifest.model_id, manifest.n_layers, peers, probes.rtt_ms, probes.transport,
+                         probes.clock_offsets_s, caught)
 
 
-async def _ping_all(conn: SwarmConnection, peers) -> tuple[dict[str, float | None], dict[str, float]]:
-    """Ping each announced peer at its announced addresses, or through its relay when it announces one
-    (swarm.relay). Returns (round trip in ms by peer id, None: no answer; the peer's wall time minus
-    this machine's in s, for peers that answered a libp2p ping with a time)."""
+class Probes(NamedTuple):
+    """What `probe_peers` measured.
+
+    Attributes:
+        rtt_ms: peer id -> ping round trip in ms, None: no answer.
+        transport: peer id -> "direct", "libp2p" or "relayed", for the peers that answered.
+        clock_offsets_s: peer id -> its wall time minus this machine's, seconds, for peers that
+            answered a libp2p ping with a time.
+    """
+
+    rtt_ms: dict[str, float | None]
+    transport: dict[str, str]
+    clock_offsets_s: dict[str, float]
+
+
+async def probe_peers(conn: SwarmConnection, peers) -> Probes:
+    """Ping each announced peer: at its announced addresses (asking for its wall time), or through its
+    relay when it announces one (swarm.relay); then try a TCP connection to the direct endpoints of
+    those that answered over libp2p."""
     identity = RelayIdentity(conn.dht.identity.private_key) if any(a.relay_addrs for a in peers) else None
 
     async def ping(a: Announcement):
@@ -248,9 +302,19 @@ async def _ping_all(conn: SwarmConnection, peers) -> tuple[dict[str, float | Non
         except (SwarmError, TimeoutError):
             return None, None
 
+    async def via(a: Announcement) -> str:
+        if a.relay_addrs:
+            return "relayed"
+        return "direct" if await tcp_answers(a.direct_addrs, PING_TIMEOUT_S) else "libp2p"
+
     answers = await asyncio.gather(*(ping(a) for a in peers))
-    rtt_ms = {a.peer_id: ms for a, (ms, _) in zip(peers, answers)}
-    return rtt_ms, {a.peer_id: c.offset_s for a, (_, c) in zip(peers, answers) if c is not None}
+    answered = [a for a, (ms, _) in zip(peers, answers) if ms is not None]
+    ways = await asyncio.gather(*(via(a) for a in answered))
+    return Probes(
+        {a.peer_id: ms for a, (ms, _) in zip(peers, answers)},
+        {a.peer_id: w for a, w in zip(answered, ways)},
+        {a.peer_id: c.offset_s for a, (_, c) in zip(peers, answers) if c is not None},
+    )
 
 
 def model_manifest(conn: SwarmConnection, model: str) -> Manifest:

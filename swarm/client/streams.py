@@ -17,7 +17,7 @@ import time
 
 from swarm.client.directory import DHTDirectory
 from swarm.dht.node import SwarmDHT
-from swarm.direct import open_stream
+from swarm.dialing import open_stream
 from swarm.errors import PeerTimeout, PeerUnreachable, SwarmError
 from swarm.limits import SPAN_PROTOCOL
 from swarm.p2p import FramedStream

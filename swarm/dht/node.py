@@ -53,6 +53,7 @@ from swarm.errors import ProtocolError, SwarmError
 from swarm.limits import MAX_RECORD_TTL_S
 from swarm.netaddr import NetConfig, check_net_config, reachable_first, tcp_multiaddr
 from swarm.p2p import SwarmP2P
+from swarm.reach import DialBackResponder
 from swarm.peerid import peer_id_of_public_key
 from swarm.proctree import die_with_parent
 
@@ -421,6 +422,7 @@ def run_dht_only(
         node = await SwarmDHT.start(
             initial_peers, host=host, port=port, data_dir=data_dir, public_address=public_address
         )
+        await DialBackResponder().serve(node.transport)  # public DHT peers are whom NAT'd peers ask
         stop_service = None if service is None else await service(node)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

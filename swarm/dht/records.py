@@ -66,6 +66,9 @@ class Announcement:
             the peer (`swarm.peer.quotas.ClientLimits`): sessions, reserved KV tokens, open streams,
             frame bytes in flight; 0 in records of older peers (not announced).
         max_streams, max_buffered_bytes: the peer's caps over all clients; 0 when not announced.
+        reachability: what the peer learned of its own reachability from outside (swarm.reach):
+            "public" (another peer dialled it back), "private" (dial-backs failed: behind a NAT
+            or firewall with no forward) or "unknown" (not probed; also in records of older peers).
     """
 
     peer_id: str
@@ -91,7 +94,11 @@ class Announcement:
     client_bytes: int = 0
     max_streams: int = 0
     max_buffered_bytes: int = 0
+    reachability: str = "unknown"
 
+
+REACHABILITIES = ("public", "private", "unknown")
+"""The values of `Announcement.reachability` (swarm/reach_rules.py decides which)."""
 
 _Addr = constr(strict=True, min_length=1, max_length=MAX_ADDR_CHARS)
 
@@ -122,6 +129,7 @@ class AnnouncementSchema(pydantic.BaseModel):
     client_bytes: conint(strict=True, ge=0, le=2**50) = 0
     max_streams: conint(strict=True, ge=0, le=1_000_000) = 0
     max_buffered_bytes: conint(strict=True, ge=0, le=2**50) = 0
+    reachability: constr(strict=True, max_length=16) = "unknown"  # a value unknown here reads as "unknown"
 
     class Config:
         extra = pydantic.Extra.ignore
@@ -167,4 +175,6 @@ def decode_announcement(record: Any) -> Optional[Announcement]:
     fields["addrs"] = tuple(fields["addrs"])
     fields["direct_addrs"] = tuple(fields["direct_addrs"])
     fields["relay_addrs"] = tuple(fields["relay_addrs"])
+    if fields["reachability"] not in REACHABILITIES:
+        fields["reachability"] = "unknown"
     return Announcement(**fields)

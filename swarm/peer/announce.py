@@ -18,7 +18,10 @@ from swarm.dht.node import SwarmDHT
 from swarm.dht.records import MAX_ADDRS, Announcement
 from swarm.errors import SwarmError
 from swarm.peer.quotas import ClientLimits
+from swarm.netaddr import listen_port
 from swarm.peer.span import Span
+from swarm.reach import ReachabilityMonitor
+from swarm.reach_rules import UNKNOWN, announced_addrs, announced_direct_addrs
 from swarm.wire import PROTOCOL_GENERATION
 
 logger = logging.getLogger(__name__)
@@ -36,34 +39,45 @@ class Announcer:
         period_s: refresh period, seconds.
         public_name: optional display name.
         direct_addrs: TCP multiaddrs of the peer's direct-stream listener (swarm.direct), if any.
-        relayed: the peer cannot be dialled (`--reachability private`): it announces no libp2p or
-            direct address, only `relay_addrs`.
+        relayed: the peer cannot be dialled (reachability private, relay on): it announces no libp2p
+            or direct address, only `relay_addrs`.
         initial_peers: multiaddrs the peer joined through; clock probes fall back on them.
         limits: the peer's limits per client; sessions and KV tokens are read from the span's table.
+        reach: the peer's reachability (swarm.reach), read at each refresh: announced as is, and a
+            public address it confirmed is announced first (libp2p and direct); None: "unknown".
+        direct_port: the direct listener's port (what a confirmed public direct endpoint names).
     Attributes:
         relay_addrs: the relay addresses announced (swarm.relay.registrar sets them).
     """
 
     def __init__(self, dht: SwarmDHT, span: Span, period_s: float, public_name: str | None,
                  direct_addrs: tuple[str, ...] = (), relayed: bool = False,
-                 initial_peers: tuple[str, ...] = (), limits: ClientLimits = ClientLimits()):
+                 initial_peers: tuple[str, ...] = (), limits: ClientLimits = ClientLimits(),
+                 reach: ReachabilityMonitor | None = None, direct_port: int | None = None):
         self._dht, self._span = dht, span
         self._initial_peers = initial_peers
         self._period_s = period_s
         self._public_name = public_name
-        self._direct_addrs = () if relayed else direct_addrs[:MAX_ADDRS]
+        self._direct_addrs = () if relayed else direct_addrs
         self._relayed = relayed
         self.relay_addrs: tuple[str, ...] = ()
+        self._reach, self._direct_port = reach, direct_port
         self._started_at = time.time()
         self._limits = limits
 
     def record(self) -> Announcement:
         """The announcement as of now (expires_at is set by the DHT wrapper)."""
         r = self._span.record(self._dht.peer_id, started_at=self._started_at)
+        addrs, direct = tuple(self._dht.visible_maddrs()), self._direct_addrs
+        reach = None if self._reach is None else self._reach.current
+        port = listen_port(addrs)
+        if reach is not None and port is not None:
+            addrs = announced_addrs(addrs, reach, port, r.peer_id)
+        if reach is not None and self._direct_port is not None:
+            direct = announced_direct_addrs(direct, reach, self._direct_port)
         return Announcement(
             peer_id=r.peer_id,
-            # a host with many interfaces has more
-            addrs=() if self._relayed else tuple(self._dht.visible_maddrs()[:MAX_ADDRS]),
+            addrs=() if self._relayed else addrs[:MAX_ADDRS],  # a host with many interfaces has more
             model_id=self._span.model_id,
             start=r.start,
             end=r.end,
@@ -77,7 +91,8 @@ class Announcer:
             public_name=self._public_name,
             expires_at=0.0,
             started_at=r.incarnation,
-            direct_addrs=self._direct_addrs,
+            direct_addrs=direct[:MAX_ADDRS],
+            reachability=UNKNOWN if reach is None else reach.status,
             relay_addrs=self.relay_addrs[:MAX_ADDRS],
             client_sessions=self._span.sessions.owner_sessions,
             client_kv_tokens=self._span.sessions.owner_tokens,

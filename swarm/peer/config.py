@@ -14,7 +14,8 @@ from swarm.peer.announce import EXPIRY_PERIODS
 from swarm.netaddr import NetConfig, check_net_config
 from swarm.peer.quotas import ClientLimits, limits_refusal
 from swarm.peer.scheduler import INLINE_MAX_MS
-from swarm.relay.rules import REACHABILITY, RELAY_MODES, RelayLimits
+from swarm.relay.rules import RELAY_MODES, RelayLimits
+from swarm.reach_rules import MODES
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,10 @@ class ServeConfig:
         metrics_port: serve Prometheus metrics on host:metrics_port (`swarm.peer.metrics`); None: don't.
         direct_port: TCP port on `host` for direct span streams from clients (`swarm.direct`; 0: any
             free port); None: offer none (clients then use libp2p streams).
-        reachability: "public" (others can dial this peer) or "private" (behind a NAT without port
-            forwards: it registers with a relay and announces only relay addresses).
+        reachability: "auto" (ask other peers to dial this one back, swarm/reach.py), or "public"
+            (others can dial this peer) / "private" (behind a NAT without port forwards) to announce
+            that without asking; a private peer registers with a relay and announces only relay
+            addresses (unless `relay` is "off").
         relay: "auto" (a private peer is relayed) or "off" (never relayed).
         relay_service: a public peer relays streams for private ones (`swarm.relay.service`).
         relay_port: TCP port on `host` of the relay service (0: any free port).
@@ -87,7 +90,7 @@ class ServeConfig:
     metrics_port: int | None = None
     direct_port: int | None = 0
     inline_max_ms: float = INLINE_MAX_MS
-    reachability: str = "public"
+    reachability: str = "auto"
     relay: str = "auto"
     relay_service: bool = True
     relay_port: int = 0
@@ -119,9 +122,9 @@ def check_config(cfg: ServeConfig) -> NetConfig:
     port = cfg.direct_port
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535):
         raise AddressError(f"--direct-port must be an integer in 0..65535, got {port!r:.40}")
-    if cfg.reachability not in REACHABILITY or cfg.relay not in RELAY_MODES:
-        raise SwarmError(f"--reachability must be one of {REACHABILITY} and --relay one of {RELAY_MODES}, "
-                         f"got {cfg.reachability!r:.40} and {cfg.relay!r:.40}")
+    if cfg.reachability not in MODES or cfg.relay not in RELAY_MODES:
+        raise SwarmError(f"--reachability must be one of {', '.join(MODES)} and --relay one of "
+                         f"{', '.join(RELAY_MODES)}, got {cfg.reachability!r:.40} and {cfg.relay!r:.40}")
     port = cfg.relay_port
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
         raise AddressError(f"--relay-port must be an integer in 0..65535, got {port!r:.40}")

@@ -1,10 +1,12 @@
 """`swarm serve`: the composition root of a peer.
 
 Builds the parts in order and wires them together; the parts receive their collaborators:
-config check → BitTorrent, direct-stream and relay ports → DHT node → the span (swarm/peer/build.py:
-model file, layers, executor, measured `Span`) → stream handlers → metrics → relay registration (a
-private peer) → announcer → relay offer (a public one) → rebalancer. On SIGINT/SIGTERM it withdraws
-the announcement, tells every open session's client, and stops.
+config check → BitTorrent, direct-stream and relay ports → DHT node → reachability (a dial-back
+probe, swarm/reach.py; `reach.current` is what later parts read: a private peer takes a relay, a
+public one offers one) → the span (swarm/peer/build.py: model file, layers, executor, measured
+`Span`) → stream handlers → metrics → relay registration (a private peer) → announcer → relay offer
+(a public one) → rebalancer. On SIGINT/SIGTERM it withdraws the announcement, tells every open
+session's client, and stops.
 
 A peer started without `--layers` chooses its span with `swarm.route.placement.choose_span`, sized
 by the memory it gives, and re-evaluates it every `rebalance_period_s` (`swarm.peer.rebalance`);
@@ -23,14 +25,15 @@ from functools import partial
 from swarm import eventloop
 from swarm.arch import servable_row
 from swarm.artifacts.session import ArtifactSession, SessionConfig
-from swarm.direct import DirectServer, direct_maddrs, open_stream
+from swarm.dialing import open_stream
+from swarm.direct import DirectServer, direct_maddrs
 from swarm.dht.identity import load_or_create_identity
 from swarm.dht.node import SwarmDHT
 from swarm.errors import SwarmError
 from swarm.limits import PING_PROTOCOL, PUSH_PROTOCOL, SNAPSHOT_PROTOCOL, SPAN_PROTOCOL
 from swarm.manifest import build_manifest
 from swarm.models import is_model_id, resolve_model
-from swarm.netaddr import bt_hosts
+from swarm.netaddr import bt_hosts, listen_port
 from swarm.peer.announce import Announcer
 from swarm.peer.build import Mover, check_span, open_span
 from swarm.peer.config import ServeConfig, check_config
@@ -47,6 +50,7 @@ from swarm.relay.handshake import RelayIdentity
 from swarm.relay.registrar import RelayRegistrar
 from swarm.relay.rules import relay_roles
 from swarm.relay.service import RelayServer, publish_forever
+from swarm.reach import DialBackResponder, ReachabilityMonitor
 from swarm.wire import Error, ErrorCode, encode_frame
 
 logger = logging.getLogger(__name__)
@@ -80,8 +84,10 @@ async def serve(
     # process) starts.
     artifacts = ArtifactSession(SessionConfig(listen_host=net.host, listen_port=net.bt_port))
     direct = None if cfg.direct_port is None else DirectServer()
-    roles = relay_roles(cfg.reachability, cfg.relay, cfg.relay_service)
-    relay = RelayServer(load_or_create_identity(cfg.data_dir).peer_id, cfg.relay_limits) if roles.serve else None
+    # the relay listener opens with the other ports; a peer the probe finds private closes it again
+    relay = None
+    if cfg.relay_service and cfg.reachability != "private":
+        relay = RelayServer(load_or_create_identity(cfg.data_dir).peer_id, cfg.relay_limits)
     try:
         direct_port = None if direct is None else await direct.listen(net.host, cfg.direct_port)
         relay_port = None if relay is None else await relay.listen(net.host, cfg.relay_port)
@@ -102,6 +108,21 @@ async def serve(
         artifacts.advertise(bt_hosts(net, dht.visible_maddrs()))
         for maddr in dht.visible_maddrs():
             print(maddr, flush=True)
+        # Reachability first (the direct listener already answers dial-back nonces): what a peer
+        # does next (take a relay, offer one) depends on it.
+        await DialBackResponder().serve(dht.transport)
+        model_id = cfg.model if local_path is None else manifest.model_id
+        reach = ReachabilityMonitor(
+            cfg.reachability, dht.transport, partial(_dialback_helpers, dht, cfg.initial_peers, model_id),
+            None if direct is None else direct.expect_nonce,
+            (lambda nonce: None) if direct is None else direct.forget_nonce,
+            direct_port, listen_port(dht.visible_maddrs()), retry_s=cfg.announce_period_s,
+        )
+        await reach.probe()
+        roles = relay_roles("private" if reach.current.private else "public", cfg.relay, cfg.relay_service)
+        if relay is not None and not roles.serve:  # found private: nobody could dial its relay service
+            await relay.close()
+            relay = relay_port = None
         liar = testlie.from_env()
         span, path, manifest, publication = await open_span(cfg, dht, artifacts, local_path,
                                                             lazy=liar.lazy if liar else "")
@@ -130,7 +151,7 @@ async def serve(
                 SNAPSHOT_PROTOCOL, partial(_serve_snapshot, span, cfg.debug_tamper_snapshots)
             )
         announcer = Announcer(dht, span, cfg.announce_period_s, cfg.public_name, direct_addrs, roles.use,
-                              tuple(cfg.initial_peers), cfg.limits)
+                              tuple(cfg.initial_peers), cfg.limits, reach=reach, direct_port=direct_port)
         tasks = []
         if roles.use:
             registrar = RelayRegistrar(dht, identity, dht.transport, {
@@ -150,13 +171,15 @@ async def serve(
             f"serving layers {span.start}:{span.end} of {manifest.model_id} as {dht.peer_id}"
             + (f", direct streams on port {direct_port}" if direct is not None else "")
             + (f", relaying for others on port {relay_port}" if relay is not None else "")
-            + (f", reached through relay {announcer.relay_addrs[0]}" if announcer.relay_addrs else ""),
+            + (f", reached through relay {announcer.relay_addrs[0]}" if announcer.relay_addrs else "")
+            + f"; reachability {reach.current.status} ({reach.current.reason})",
             file=sys.stderr,
             flush=True,
         )
         if ready is not None:
             ready.set()
         tasks.append(asyncio.create_task(publication.refresh_forever(dht)))
+        tasks.append(asyncio.create_task(reach.run()))
         if span.prefixes is not None:
             tasks.append(asyncio.create_task(span.prefixes.publish_forever(cfg.announce_period_s)))
         if cfg.layers is None and cfg.rebalance_period_s > 0:
@@ -197,6 +220,19 @@ async def _dial_push(transport, identity: RelayIdentity, peer_id: str, addrs: tu
         return await relay_dial.dial(identity, relays, peer_id, PUSH_PROTOCOL, PUSH_DIAL_TIMEOUT_S)
     opened = await open_stream(transport, peer_id, addrs, endpoints, PUSH_PROTOCOL, PUSH_DIAL_TIMEOUT_S)
     return opened.stream
+
+
+async def _dialback_helpers(dht: SwarmDHT, initial_peers, model_id: str) -> list[tuple[str, tuple[str, ...]]]:
+    """Peers to ask for a dial-back: the initial peers, then the model's other announced peers."""
+    helpers: dict[str, tuple[str, ...]] = {}
+    for maddr in initial_peers:
+        if "/p2p/" in maddr:
+            helpers.setdefault(maddr.rsplit("/p2p/", 1)[1], ())
+            helpers[maddr.rsplit("/p2p/", 1)[1]] += (maddr,)
+    for ann in await dht.get_announcements(model_id):
+        helpers.setdefault(ann.peer_id, ann.addrs)
+    helpers.pop(dht.peer_id, None)
+    return list(helpers.items())
 
 
 async def _serve_snapshot(span: Span, tamper: str | None, stream) -> None:

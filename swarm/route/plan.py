@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from swarm.errors import NoRoute, RequestError, SessionTooLong
+from swarm.reach_rules import unreachable_words
 
 DEFAULT_RTT_MS = 50.0
 """Round trip assumed for a peer whose RTT has not been measured yet."""
@@ -49,6 +50,8 @@ class PeerSpan:
         rtt_ms: measured client ↔ peer round trip, ms; None when unknown.
         incarnation: when this run of the peer started serving (its announcement's `started_at`,
             Unix seconds; 0 when not announced): a new value means the peer restarted.
+        reachability: what the peer announces of its reachability ("public", "private", "unknown"):
+            the likely cause when it does not answer.
     """
 
     peer_id: str
@@ -60,6 +63,7 @@ class PeerSpan:
     sessions_free: int
     rtt_ms: float | None = None
     incarnation: float = 0.0
+    reachability: str = "unknown"
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class RoutePlan:
         hops: chained hops, hops[i].end == hops[i + 1].start.
         total_ms: sum of compute_ms + network_ms over the hops.
         skipped: (peer_id, reason) for every announced span the planner could not use; reasons:
+            "unreachable" (announced, but did not answer: rtt_ms is inf, or in `unreachable`),
             "excluded", "bad_span", "no_session_slot", "cache_full".
     """
 
@@ -97,7 +102,10 @@ class RoutePlan:
     skipped: tuple[tuple[str, str], ...] = ()
 
 
-def _skip_reason(p: PeerSpan, n_layers: int, need_tokens: int, exclude: frozenset[str]) -> str | None:
+def _skip_reason(p: PeerSpan, n_layers: int, need_tokens: int, exclude: frozenset[str],
+                 unreachable: frozenset[str]) -> str | None:
+    if p.peer_id in unreachable or p.rtt_ms == math.inf:
+        return "unreachable"
     if p.peer_id in exclude:
         return "excluded"
     speeds_ok = all(
@@ -136,6 +144,7 @@ def plan_route(
     default_rtt_ms: float = DEFAULT_RTT_MS,
     prefill_tokens: int = 0,
     penalty_ms: Mapping[str, float] | None = None,
+    unreachable: frozenset[str] = frozenset(),
 ) -> RoutePlan:
     """Pick whole spans chaining layer `start` to `end` with the least expected time per step.
 
@@ -151,12 +160,16 @@ def plan_route(
         penalty_ms: peer id → extra cost in ms per step (offences found by spot checks,
             swarm/route/verify.py `Standing.penalties`); a penalised peer is used only when no
             cheaper chain exists.
+        unreachable: peer ids that did not answer a dial or probe (skipped as "unreachable", which
+            NoRoute tells apart from layers nobody announces).
     Returns:
         RoutePlan: hops in layer order; total_ms their summed cost; skipped peers with reasons.
     Raises:
         RequestError: bad arguments (layer range, negative tokens or RTT).
         NoRoute: some layer in [start, end) has no usable span (`.missing` lists them), or all are
             covered but no chain of whole spans joins start to end (`.missing` empty); no peers at all.
+            When unreachable peers announce every missing layer, the message says so, with the
+            likely cause and the fix (reach_rules.unreachable_words).
         SessionTooLong: (a NoRoute) every peer serving a missing layer is usable but for offering a
             session fewer than need_tokens KV tokens.
     """
@@ -174,12 +187,15 @@ def plan_route(
     most_free = 0  # the most KV tokens a peer skipped for cache_full offers a new session
     too_small: list[PeerSpan] = []  # skipped only because the session is longer than they offer
     other_skipped: list[PeerSpan] = []  # skipped for a reason that may pass (excluded, no free slot)
+    silent: list[PeerSpan] = []  # announced but not answering
     by_start: dict[int, list[PeerSpan]] = {}
     for p in peers:
-        reason = _skip_reason(p, n_layers, need_tokens, exclude)
+        reason = _skip_reason(p, n_layers, need_tokens, exclude, unreachable)
         if reason is not None:
             skipped.append((p.peer_id, reason))
-            if reason == "cache_full":
+            if reason == "unreachable":
+                silent.append(p)
+            elif reason == "cache_full":
                 most_free = max(most_free, p.free_cache_tokens)
                 too_small.append(p)
             elif reason != "bad_span":
@@ -212,10 +228,12 @@ def plan_route(
     covered = {layer for ps in by_start.values() for p in ps for layer in range(p.start, p.end)}
     missing = [layer for layer in range(start, end) if layer not in covered]
     counts = {
-        r: sum(1 for _, why in skipped if why == r) for r in ("excluded", "no_session_slot", "cache_full")
+        r: sum(1 for _, why in skipped if why == r)
+        for r in ("unreachable", "excluded", "no_session_slot", "cache_full")
     }
     why = (
-        f"(skipped: {counts['excluded']} excluded, {counts['no_session_slot']} without a session slot, "
+        f"(skipped: {counts['unreachable']} announced but unreachable, {counts['excluded']} excluded, "
+        f"{counts['no_session_slot']} without a session slot, "
         f"{counts['cache_full']} without {need_tokens} free KV tokens"
         + (f": the most any of them offers a new session is {most_free}" if counts["cache_full"] else "")
         + ")"
@@ -232,8 +250,21 @@ def plan_route(
             "prompt or ask for fewer new tokens",
             tuple(missing), need_tokens, most,
         )
+    if missing and all(any(p.start <= layer < p.end for p in silent) for layer in missing):
+        serving = [p for p in silent if any(p.start <= m < p.end for m in missing)]
+        raise NoRoute(
+            f"layers {layer_ranges(missing)} are announced, but by no peer that answers: "
+            f"{len(serving)} peer(s) serving them did not answer a dial: "
+            f"{unreachable_words([p.reachability for p in serving])}",
+            missing=tuple(missing),
+        )
     if missing:
-        raise NoRoute(f"no usable peer serves layers {layer_ranges(missing)} {why}", missing=tuple(missing))
+        silent_layers = [m for m in missing if any(p.start <= m < p.end for p in silent)]
+        also = "" if not silent_layers else (
+            f"; of these, layers {layer_ranges(silent_layers)} are announced only by peers that did not "
+            f"answer: {unreachable_words([p.reachability for p in silent])}"
+        )
+        raise NoRoute(f"no usable peer serves layers {layer_ranges(missing)} {why}{also}", missing=tuple(missing))
     raise NoRoute(
         f"every layer in [{start}, {end}) is served, but no chain of whole spans joins them: "
         f"span boundaries do not line up {why}"

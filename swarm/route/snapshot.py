@@ -26,6 +26,7 @@ def peer_spans(announcements: Iterable, rtt_ms: Mapping[str, float] | None = Non
             sessions_free=a.sessions_free,
             rtt_ms=rtt_ms.get(a.peer_id),
             incarnation=a.started_at,
+            reachability=a.reachability,
         )
         for a in announcements
     ]

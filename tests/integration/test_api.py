@@ -439,7 +439,7 @@ def test_health_page_in_a_browser_shows_peers_route_and_a_peer_leaving(api, tmp_
         driver.get(api.url + "/")
         WebDriverWait(driver, 60).until(lambda d: rows() == spans and route()[0] == "exists")
         state, text = route()
-        assert "route exists: 0:10 → 10:20 → 20:30" in text and "tokens/s" in text
+        assert "route exists: 0:10 (direct) → 10:20 (direct) → 20:30 (direct)" in text and "tokens/s" in text
         assert driver.find_element(By.ID, "n-peers").text == "3"
         driver.save_screenshot(str(tmp_path / "health_three_peers.png"))
 

@@ -169,3 +169,27 @@ def test_bad_arguments(kw):
     args.update(kw)
     with pytest.raises(RequestError):
         plan_route([span("a", 0, 30)], 30, **args)
+
+
+def test_layers_only_unreachable_peers_announce_are_told_apart_from_missing_ones():
+    import dataclasses
+    import math
+
+    peers = [dataclasses.replace(span("a", 0, 15), rtt_ms=math.inf, reachability="private"),
+             dataclasses.replace(span("b", 15, 30), reachability="unknown")]
+    with pytest.raises(NoRoute) as e:
+        plan_route(peers, 30, 1, unreachable=frozenset({"b"}))
+    text = str(e.value)
+    assert text.startswith("layers 0:30 are announced, but by no peer that answers: 2 peer(s)")
+    assert "1 of them announce private reachability" in text and "--public-address" in text
+    assert e.value.missing == tuple(range(30))
+
+
+def test_an_unreachable_peer_is_skipped_as_such_and_a_layer_nobody_announces_stays_missing():
+    peers = [span("a", 0, 15, rtt=None), span("b", 0, 15)]
+    plan = plan_route(peers, 15, 1, unreachable=frozenset({"a"}), exclude=frozenset({"a"}))
+    assert chain(plan) == [("b", 0, 15)] and plan.skipped == (("a", "unreachable"),)
+    with pytest.raises(NoRoute) as e:
+        plan_route([span("a", 0, 15)], 30, 1, unreachable=frozenset({"a"}))
+    assert str(e.value).startswith("no usable peer serves layers 0:30 (skipped: 1 announced but unreachable,")
+    assert "; of these, layers 0:15 are announced only by peers that did not answer: crashed" in str(e.value)
