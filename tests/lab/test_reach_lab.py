@@ -18,10 +18,10 @@ import sys
 import pytest
 
 from sim.netlab import Lab
-from tests.helpers.lab import needs_lab, start_in
+from tests.helpers.lab import start_in
 from tests.helpers.peers import PeerSet, serve_args
 
-pytestmark = needs_lab
+pytestmark = pytest.mark.lab
 
 PORT, BT_PORT, DIRECT_PORT = 41001, 41002, 41003
 
