@@ -129,6 +129,18 @@ class Client:
         """Tokens (prompt + generated) one generation may hold: the model's context, at most 131,072."""
         return min(self._engine.context_limit, MAX_CONTEXT_TOKENS)
 
+    def session_room(self) -> int | None:
+        """Tokens (prompt + generated) a generation started now could hold, at most `context_limit`:
+        locally `context_limit`; on the swarm, the most the best route's peers take per session now
+        (each peer announces what a new session may reserve there: at most its per-session cap,
+        `--cache-tokens / --max-sessions`), or None when no complete route exists.
+
+        Raises:
+            SwarmError: (swarm) the DHT did not answer.
+        """
+        room = self._engine.session_room()
+        return None if room is None else min(room, self.context_limit)
+
     def stream_tokens(
         self,
         tokens: Sequence[int],

@@ -69,6 +69,11 @@ class Engine(Protocol):
     context_limit: int
     """Tokens (prompt + generated) one session may hold on this engine."""
 
+    def session_room(self) -> int | None:
+        """Tokens (prompt + generated) a session opened now could hold, at most `context_limit`:
+        locally `context_limit`; on the swarm, what the best route's peers take per session (None
+        when no complete route exists now)."""
+
     def open_session(
         self, n_tokens: int, sampling: SamplingParams, telemetry: GenerationTelemetry
     ) -> EngineSession:

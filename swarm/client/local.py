@@ -154,6 +154,11 @@ class LocalEngine:
         self._reserved_tokens = 0  # reserved by open sessions
         self._retired_tokens = 0  # cells held by the retired sequence
 
+    def session_room(self) -> int:
+        """Tokens a session may hold: `context_limit` (Busy, not a shorter session, when the
+        shared cache is taken)."""
+        return self.context_limit
+
     def open_session(
         self, n_tokens: int, sampling: SamplingParams, telemetry: GenerationTelemetry
     ) -> LocalSession:

@@ -38,6 +38,7 @@ from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import cache_dir, is_model_id, resolve_model
 from swarm.route.failover import Exclusions, FailoverPolicy
+from swarm.route.plan import route_room
 from swarm.sampling import SamplingParams
 
 CALL_TIMEOUT_S = 900.0
@@ -115,6 +116,25 @@ class RemoteEngine:
         self._sessions.add(session)
         session.on_close = self._sessions.discard
         return session
+
+    def session_room(self) -> int | None:
+        """Tokens (prompt + generated) a session opened now could reserve on every hop of the best
+        route: the widest chain of the announced `free_cache_tokens` (each peer's per-session cap,
+        less what is reserved there), around excluded peers, at most `context_limit`; None when no
+        complete route exists now. Reads the DHT when the directory's last read is over
+        `SNAPSHOT_MAX_AGE_S` old.
+
+        Raises:
+            SwarmError: the DHT did not answer.
+        """
+
+        async def read() -> int:
+            spans = await self.directory.peers(self.exclusions.active(time.monotonic()), False)
+            exclude = self.exclusions.active(time.monotonic(), {s.peer_id: s.incarnation for s in spans})
+            return route_room(spans, self._manifest.n_layers, exclude=exclude)
+
+        room = self._conn.loop.run(read(), CALL_TIMEOUT_S)
+        return min(room, self.context_limit) if room > 0 else None
 
     def _push_addrs(self, peer_id: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Where a hop's peer can reach `peer_id`: its announced multiaddrs and direct endpoints."""
