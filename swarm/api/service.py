@@ -1,7 +1,7 @@
 """The model behind the API: requests → token streams of one shared `swarm.Client`, run off the event loop.
 
 Every request gets its own `TokenStream` (its own route and sessions on the swarm, its own llama.cpp
-sequence locally), driven by a worker thread of its own: the generation loop is synchronous, the HTTP
+context locally), driven by a worker thread of its own: the generation loop is synchronous, the HTTP
 server is not. The worker hands text deltas to the event loop through an asyncio queue and checks a
 cancel flag after each one, so a client that goes away stops its generation within one token, and
 the stream's sessions are closed on every peer (`TokenStream.close`).

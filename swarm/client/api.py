@@ -27,8 +27,10 @@ class Client:
         initial_peers: multiaddrs of swarm peers to join the DHT through (swarm only).
         n_threads: llama.cpp compute threads (local only); default all cores.
         n_ctx: KV-cache tokens (local only); default the model's context, capped at 131,072.
-        prefill_chunk_tokens: prompt tokens per prefill frame (swarm only).
+        prefill_chunk_tokens: prompt tokens per prefill frame (swarm only): a multiple of the ubatch
+            grid, `swarm.numeric.UBATCH_TOKENS` (64).
     Raises:
+        RequestError: prefill_chunk_tokens off the grid (`swarm.numeric.check_chunk_tokens`).
         ModelError: the model cannot be found, fetched or loaded.
         NoRoute: (swarm) no chain of peers covers every layer.
     """
@@ -47,9 +49,9 @@ class Client:
         if local:
             from swarm.client.local import LocalEngine, open_local_model
 
-            llama = open_local_model(resolve_model(model, progress=True), n_ctx=n_ctx, n_threads=n_threads)
+            llama = open_local_model(resolve_model(model, progress=True), n_threads=n_threads)
             self.tokenizer = Tokenizer(llama)
-            self._engine = LocalEngine(llama)
+            self._engine = LocalEngine(llama, n_ctx=n_ctx)
             self._backend = "local"
         else:
             from swarm.client.remote import connect_swarm

@@ -46,7 +46,7 @@ class StepResult:
 
 
 class EngineSession(Protocol):
-    """One generation's state on an engine: its own KV sequence locally, its own hops on the swarm."""
+    """One generation's state on an engine: its own llama.cpp context locally, its own hops on the swarm."""
 
     def prefill(self, tokens: Sequence[int]) -> StepResult:
         """Run the prompt from position 0; sample the token after it."""

@@ -31,12 +31,12 @@ from swarm.client.streams import P2PTransport
 from swarm.client.telemetry import GenerationTelemetry
 from swarm.client.tokenizer import Tokenizer
 from swarm.dht.node import SwarmDHT
-from swarm.errors import SwarmError
 from swarm.ggml_bridge.embed import TokenEmbedder
-from swarm.kv.prefix import PREFIX_BLOCK_TOKENS, prefix_offers
+from swarm.kv.prefix import prefix_offers
 from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import cache_dir, is_model_id, resolve_model
+from swarm.numeric import check_chunk_tokens
 from swarm.route.failover import Exclusions, FailoverPolicy
 from swarm.route.plan import route_room
 from swarm.sampling import SamplingParams
@@ -52,11 +52,13 @@ class RemoteEngine:
         conn: the client's swarm connection.
         manifest: the model's manifest (model_id, layer count, context length).
         embedder: token ids → `[n, hidden]` float32, exact.
-        prefill_chunk_tokens: prompt tokens per Forward frame (and per replayed frame).
+        prefill_chunk_tokens: prompt tokens per Forward frame (and per replayed frame): a multiple of
+            the ubatch grid, `swarm.numeric.UBATCH_TOKENS` (64), so that every frame starts on it.
         policy: failover limits and timeouts.
         reuse_prefixes: offer the prompt's prefix hashes to every hop so that peers holding a
-            snapshot of a shared prefix restore it instead of computing it (swarm/kv/prefix.py);
-            only when prefill_chunk_tokens is a multiple of PREFIX_BLOCK_TOKENS (exactness).
+            snapshot of a shared prefix restore it instead of computing it (swarm/kv/prefix.py).
+    Raises:
+        RequestError: prefill_chunk_tokens off the grid (`swarm.numeric.check_chunk_tokens`).
     Attributes:
         directory: the peers' announcements and measured RTTs.
         transport: opens the hops' streams; `transport.direct = False` keeps them on libp2p.
@@ -72,13 +74,12 @@ class RemoteEngine:
         policy: FailoverPolicy | None = None,
         reuse_prefixes: bool = True,
     ):
-        if prefill_chunk_tokens < 1:
-            raise SwarmError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
+        check_chunk_tokens(prefill_chunk_tokens)
         self._conn = conn
         self._manifest = manifest
         self._embedder = embedder
         self._chunk = prefill_chunk_tokens
-        self.reuse_prefixes = reuse_prefixes and prefill_chunk_tokens % PREFIX_BLOCK_TOKENS == 0
+        self.reuse_prefixes = reuse_prefixes
         self.policy = policy or FailoverPolicy(replay_chunk_tokens=prefill_chunk_tokens)
         ctx = int(manifest.hparams.get(f"{manifest.arch}.context_length", MAX_CONTEXT_TOKENS))
         self.context_limit = min(ctx, MAX_CONTEXT_TOKENS)
@@ -201,10 +202,12 @@ def connect_swarm(
         model: a known name or local `.gguf` path, or a model_id: then the manifest comes from the
             DHT and only the header (tokenizer) and `token_embd` are fetched from seeders, verified.
     Raises:
+        RequestError: prefill_chunk_tokens is not a multiple of the ubatch grid (swarm/numeric.py).
         ModelError: the model file cannot be found or read.
         ArtifactError: (model_id) unknown model, no seeders, or bad bytes.
         SwarmError: the DHT could not be joined.
     """
+    check_chunk_tokens(prefill_chunk_tokens)  # before joining the swarm: a bad setting costs nothing
     conn = SwarmConnection(initial_peers)
     try:
         if is_model_id(model):
