@@ -30,6 +30,7 @@ Packages and modules (see docs/architecture.md for the data flow):
     proctree.py   a process's descendants; children that die with their parent
     errors.py     exception types
     limits.py     product-wide limits, protocol ids, and bounds shared by frames and other checks
+    numeric.py    the numeric contract: the ubatch grid every path computes prefills in
     sampling.py   logits → token, seeded per position
     wire.py       stream frames of the peer protocol
 """

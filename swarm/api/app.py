@@ -233,8 +233,12 @@ async def _respond(
     t0: float,
 ):
     """Start the generation and answer it, streamed or whole; record its metrics when it ends."""
-    job = service.start(
-        tokens, max_tokens, body.temperature, body.top_p, body.top_k, body.seed, body.stop_strings(),
+    job = await service.start(
+        tokens,
+        max_tokens,
+        (body.temperature, body.top_p, body.top_k, body.seed),
+        body.stop_strings(),
+        prompt_param="messages" if answer.endpoint == "chat" else "prompt",
         speculate=body.speculate or 0,
     )
     metrics.in_flight.inc()

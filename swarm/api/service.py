@@ -1,7 +1,7 @@
 """The model behind the API: requests → token streams of one shared `swarm.Client`, run off the event loop.
 
 Every request gets its own `TokenStream` (its own route and sessions on the swarm, its own llama.cpp
-sequence locally), driven by a worker thread of its own: the generation loop is synchronous, the HTTP
+context locally), driven by a worker thread of its own: the generation loop is synchronous, the HTTP
 server is not. The worker hands text deltas to the event loop through an asyncio queue and checks a
 cancel flag after each one, so a client that goes away stops its generation within one token, and
 the stream's sessions are closed on every peer (`TokenStream.close`).
@@ -27,7 +27,7 @@ from swarm.errors import Busy, NoRoute, RequestError, SessionTooLong, SwarmError
 from swarm.limits import MAX_CONTEXT_TOKENS
 
 DEFAULT_MAX_TOKENS = 512
-"""Tokens generated when a request gives no max_tokens (fewer if the context ends sooner)."""
+"""Tokens generated when a request gives no max_tokens (fewer if a session holds fewer past the prompt)."""
 DEFAULT_TEMPERATURE = 1.0
 """OpenAI's default temperature; send 0 for greedy decoding."""
 RETRY_AFTER_S = 5
@@ -128,6 +128,56 @@ def api_error(e: BaseException) -> ApiError:
     return ApiError(500, f"internal error: {type(e).__name__}: {e}", type="server_error")
 
 
+def token_limit(n: int, max_tokens: int | None, context_limit: int, room: int | None, prompt_param: str) -> int:
+    """The tokens a request may generate: its own `max_tokens`, or the default.
+
+    Args:
+        n: prompt tokens.
+        max_tokens: the request's max_tokens; None: the least of DEFAULT_MAX_TOKENS and what a
+            session holds past the prompt.
+        context_limit: tokens one generation may hold on this model (its context, at most 131,072).
+        room: tokens a session opened now could hold (`Client.session_room`); None: unknown (no
+            route now: opening the route will say why), then `context_limit` stands in.
+        prompt_param: the request's field holding the prompt, named by errors about its length.
+    Raises:
+        ApiError: 413 past the 131,072-token cap; 400 `context_length_exceeded` when the prompt
+            leaves no room for a token (param: prompt_param) or prompt + max_tokens passes the
+            model's context (param: max_tokens). A max_tokens past what the route's peers take per
+            session is refused when the route is planned (`SessionTooLong`, also a 400).
+    """
+    if n > MAX_CONTEXT_TOKENS:
+        raise ApiError(
+            413,
+            f"the prompt has {n} tokens, over the cap of {MAX_CONTEXT_TOKENS} tokens per request",
+            code="context_length_exceeded",
+            param=prompt_param,
+        )
+    if max_tokens is None:
+        limit = context_limit if room is None else min(room, context_limit)
+        if n >= limit:
+            where = (
+                f"this model's context is {context_limit} tokens"
+                if limit == context_limit
+                else f"the swarm's peers take at most {limit} tokens per session"
+            )
+            raise ApiError(
+                400,
+                f"{where}; the prompt has {n} tokens, which leaves no room for a new token",
+                code="context_length_exceeded",
+                param=prompt_param,
+            )
+        return min(DEFAULT_MAX_TOKENS, limit - n)
+    if n + max_tokens > context_limit:
+        raise ApiError(
+            400,
+            f"this model's context is {context_limit} tokens; the prompt has {n} tokens and max_tokens is "
+            f"{max_tokens} (together {n + max_tokens})",
+            code="context_length_exceeded",
+            param="max_tokens",
+        )
+    return max_tokens
+
+
 class ModelService:
     """The served model: a shared `Client`, the names requests may use for it, running generations.
 
@@ -174,48 +224,39 @@ class ModelService:
         except RequestError as e:
             raise ApiError(400, str(e)) from None
 
-    def start(
+    async def start(
         self,
         tokens: list[int],
         max_tokens: int | None,
-        temperature: float | None,
-        top_p: float | None,
-        top_k: int | None,
-        seed: int | None,
+        sampling: tuple[float | None, float | None, int | None, int | None],
         stop: tuple[str, ...],
+        prompt_param: str,
         speculate: int = 0,
     ) -> GenerationJob:
         """Start generating after `tokens` on a worker thread (call on the event loop).
 
         Args:
             tokens: prompt token ids.
-            max_tokens: tokens to generate at most; None: DEFAULT_MAX_TOKENS or what the context leaves.
-            temperature, top_p, top_k: sampling (None: 1.0, 1.0, 0); temperature 0 is greedy.
-            seed: sampling seed; None draws one (each request samples differently, as OpenAI's do).
+            max_tokens: tokens to generate at most; None: DEFAULT_MAX_TOKENS or what a session
+                holds past the prompt, whichever is less (`Client.session_room`: on the swarm, what
+                the best route's peers take per session).
+            sampling: temperature, top_p, top_k, seed (None: 1.0, 1.0, 0, drawn at random);
+                temperature 0 is greedy; each request without a seed samples differently, as OpenAI's do.
             stop: strings that end the text (not included).
+            prompt_param: the request's field that holds the prompt ("messages" or "prompt"), named
+                by errors about its length.
             speculate: drafted tokens per verify pass (0: no speculative decoding).
         Raises:
-            ApiError: 413 past the 131,072-token cap, 400 `context_length_exceeded` past the model's
-                context, 400 for bad sampling values.
+            ApiError: see `token_limit`; 400 for bad sampling values.
         """
-        n, limit = len(tokens), self.client.context_limit
-        if n > MAX_CONTEXT_TOKENS:
-            raise ApiError(
-                413,
-                f"the prompt has {n} tokens, over the cap of {MAX_CONTEXT_TOKENS} tokens per request",
-                code="context_length_exceeded",
-                param="messages",
-            )
-        if max_tokens is None:
-            max_tokens = min(DEFAULT_MAX_TOKENS, max(limit - n, 1))
-        if n + max_tokens > limit:
-            raise ApiError(
-                400,
-                f"this model's context is {limit} tokens; the prompt has {n} tokens and max_tokens is "
-                f"{max_tokens} (together {n + max_tokens})",
-                code="context_length_exceeded",
-                param="max_tokens",
-            )
+        room = None
+        if max_tokens is None and len(tokens) <= MAX_CONTEXT_TOKENS:
+            try:
+                room = await asyncio.to_thread(self.client.session_room)
+            except SwarmError as e:
+                raise api_error(e) from None
+        max_tokens = token_limit(len(tokens), max_tokens, self.client.context_limit, room, prompt_param)
+        temperature, top_p, top_k, seed = sampling
         try:
             stream = self.client.stream_tokens(
                 tokens,

@@ -28,10 +28,12 @@ class Client:
         initial_peers: multiaddrs of swarm peers to join the DHT through (swarm only).
         n_threads: llama.cpp compute threads (local only); default all cores.
         n_ctx: KV-cache tokens (local only); default the model's context, capped at 131,072.
-        prefill_chunk_tokens: prompt tokens per prefill frame (swarm only).
+        prefill_chunk_tokens: prompt tokens per prefill frame (swarm only): a multiple of the ubatch
+            grid, `swarm.numeric.UBATCH_TOKENS` (64).
         verify_group_rows: rows per step of a speculative verify pass (swarm/spec/verify.py); None
             (default): the largest group the route's peers proved exact at load.
     Raises:
+        RequestError: prefill_chunk_tokens off the grid (`swarm.numeric.check_chunk_tokens`).
         ModelError: the model cannot be found, fetched or loaded.
         NoRoute: (swarm) no chain of peers covers every layer.
     """
@@ -52,9 +54,9 @@ class Client:
         if local:
             from swarm.client.local import LocalEngine, open_local_model
 
-            llama = open_local_model(resolve_model(model, progress=True), n_ctx=n_ctx, n_threads=n_threads)
+            llama = open_local_model(resolve_model(model, progress=True), n_threads=n_threads)
             self.tokenizer = Tokenizer(llama)
-            self._engine = LocalEngine(llama)
+            self._engine = LocalEngine(llama, n_ctx=n_ctx)
             self._backend = "local"
         else:
             from swarm.client.remote import connect_swarm
@@ -143,6 +145,18 @@ class Client:
     def context_limit(self) -> int:
         """Tokens (prompt + generated) one generation may hold: the model's context, at most 131,072."""
         return min(self._engine.context_limit, MAX_CONTEXT_TOKENS)
+
+    def session_room(self) -> int | None:
+        """Tokens (prompt + generated) a generation started now could hold, at most `context_limit`:
+        locally `context_limit`; on the swarm, the most the best route's peers take per session now
+        (each peer announces what a new session may reserve there: at most its per-session cap,
+        `--cache-tokens / --max-sessions`), or None when no complete route exists.
+
+        Raises:
+            SwarmError: (swarm) the DHT did not answer.
+        """
+        room = self._engine.session_room()
+        return None if room is None else min(room, self.context_limit)
 
     def stream_tokens(
         self,

@@ -72,7 +72,7 @@ class StepResult:
 
 
 class EngineSession(Protocol):
-    """One generation's state on an engine: its own KV sequence locally, its own hops on the swarm."""
+    """One generation's state on an engine: its own llama.cpp context locally, its own hops on the swarm."""
 
     def prefill(self, tokens: Sequence[int]) -> StepResult:
         """Run the prompt from position 0; sample the token after it."""
@@ -102,6 +102,11 @@ class Engine(Protocol):
 
     context_limit: int
     """Tokens (prompt + generated) one session may hold on this engine."""
+
+    def session_room(self) -> int | None:
+        """Tokens (prompt + generated) a session opened now could hold, at most `context_limit`:
+        locally `context_limit`; on the swarm, what the best route's peers take per session (None
+        when no complete route exists now)."""
 
     def open_session(
         self, n_tokens: int, sampling: SamplingParams, telemetry: GenerationTelemetry

@@ -35,14 +35,15 @@ from swarm.client.telemetry import GenerationTelemetry
 from swarm.client.tokenizer import Tokenizer
 from swarm.dht.identity import resolve_data_dir
 from swarm.dht.node import SwarmDHT
-from swarm.errors import SwarmError
 from swarm.ggml_bridge.embed import TokenEmbedder
-from swarm.kv.prefix import PREFIX_BLOCK_TOKENS, prefix_offers
+from swarm.kv.prefix import prefix_offers
 from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import cache_dir, is_model_id, resolve_model
+from swarm.numeric import check_chunk_tokens
 from swarm.route.failover import Exclusions, FailoverPolicy
 from swarm.route.verify import CheckPolicy, Standing, band_for, quant_type
+from swarm.route.plan import route_room
 from swarm.sampling import SamplingParams
 from swarm.spec.verify import accepted
 
@@ -57,11 +58,13 @@ class RemoteEngine:
         conn: the client's swarm connection.
         manifest: the model's manifest (model_id, layer count, context length).
         embedder: token ids → `[n, hidden]` float32, exact.
-        prefill_chunk_tokens: prompt tokens per Forward frame (and per replayed frame).
+        prefill_chunk_tokens: prompt tokens per Forward frame (and per replayed frame): a multiple of
+            the ubatch grid, `swarm.numeric.UBATCH_TOKENS` (64), so that every frame starts on it.
         policy: failover limits and timeouts.
         reuse_prefixes: offer the prompt's prefix hashes to every hop so that peers holding a
-            snapshot of a shared prefix restore it instead of computing it (swarm/kv/prefix.py);
-            only when prefill_chunk_tokens is a multiple of PREFIX_BLOCK_TOKENS (exactness).
+            snapshot of a shared prefix restore it instead of computing it (swarm/kv/prefix.py).
+    Raises:
+        RequestError: prefill_chunk_tokens off the grid (`swarm.numeric.check_chunk_tokens`).
     Attributes:
         directory: the peers' announcements and measured RTTs.
         transport: opens the hops' streams; `transport.direct = False` keeps them on libp2p.
@@ -81,13 +84,12 @@ class RemoteEngine:
         policy: FailoverPolicy | None = None,
         reuse_prefixes: bool = True,
     ):
-        if prefill_chunk_tokens < 1:
-            raise SwarmError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
+        check_chunk_tokens(prefill_chunk_tokens)
         self._conn = conn
         self._manifest = manifest
         self._embedder = embedder
         self._chunk = prefill_chunk_tokens
-        self.reuse_prefixes = reuse_prefixes and prefill_chunk_tokens % PREFIX_BLOCK_TOKENS == 0
+        self.reuse_prefixes = reuse_prefixes
         self.policy = policy or FailoverPolicy(replay_chunk_tokens=prefill_chunk_tokens)
         ctx = int(manifest.hparams.get(f"{manifest.arch}.context_length", MAX_CONTEXT_TOKENS))
         self.context_limit = min(ctx, MAX_CONTEXT_TOKENS)
@@ -134,6 +136,25 @@ class RemoteEngine:
         self._sessions.add(session)
         session.on_close = self._sessions.discard
         return session
+
+    def session_room(self) -> int | None:
+        """Tokens (prompt + generated) a session opened now could reserve on every hop of the best
+        route: the widest chain of the announced `free_cache_tokens` (each peer's per-session cap,
+        less what is reserved there), around excluded peers, at most `context_limit`; None when no
+        complete route exists now. Reads the DHT when the directory's last read is over
+        `SNAPSHOT_MAX_AGE_S` old.
+
+        Raises:
+            SwarmError: the DHT did not answer.
+        """
+
+        async def read() -> int:
+            spans = await self.directory.peers(self.exclusions.active(time.monotonic()), False)
+            exclude = self.exclusions.active(time.monotonic(), {s.peer_id: s.incarnation for s in spans})
+            return route_room(spans, self._manifest.n_layers, exclude=exclude)
+
+        room = self._conn.loop.run(read(), CALL_TIMEOUT_S)
+        return min(room, self.context_limit) if room > 0 else None
 
     def _push_addrs(self, peer_id: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         """Where a hop's peer can reach `peer_id`: its announced multiaddrs, direct endpoints and relay
@@ -217,10 +238,12 @@ def connect_swarm(
         model: a known name or local `.gguf` path, or a model_id: then the manifest comes from the
             DHT and only the header (tokenizer) and `token_embd` are fetched from seeders, verified.
     Raises:
+        RequestError: prefill_chunk_tokens is not a multiple of the ubatch grid (swarm/numeric.py).
         ModelError: the model file cannot be found or read.
         ArtifactError: (model_id) unknown model, no seeders, or bad bytes.
         SwarmError: the DHT could not be joined.
     """
+    check_chunk_tokens(prefill_chunk_tokens)  # before joining the swarm: a bad setting costs nothing
     conn = SwarmConnection(initial_peers)
     try:
         if is_model_id(model):

@@ -13,8 +13,8 @@ whole prompt is the name of the snapshot a peer keeps after that prompt's prefil
 Exactness decides where a prefix may be restored. llama.cpp's kernels depend on how rows are
 grouped into a batch (measured on Qwen 0.5B, span [0, 8): restoring at 200 with 64-row batches
 from 192 gives hidden states up to 0.50 logits away from a full prefill; at 192 or 128, 0.0).
-So peers run prefills in ubatches of exactly `PREFIX_BLOCK_TOKENS` rows (executor n_batch) and
-clients start every prefill frame at a multiple of it: every ubatch is then one whole block at the
+So every path runs prefills in ubatches of exactly `PREFIX_BLOCK_TOKENS` rows (the ubatch grid of
+swarm/numeric.py; the peers' executor n_batch) and clients start every prefill frame at a multiple of it: every ubatch is then one whole block at the
 same positions, whether the positions before it were computed or restored, and a restore at a
 block boundary followed by computing the rest gives bit-identical numbers (measured 0.0 over three
 spans, when the restored sequence lands in the same KV cells as a fresh prefill would; see
@@ -32,9 +32,10 @@ from collections.abc import Collection, Sequence
 import numpy as np
 
 from swarm.limits import MAX_PREFIX_OFFERS
+from swarm.numeric import UBATCH_TOKENS
 
-PREFIX_BLOCK_TOKENS = 64
-"""Block of the hash chain, the peers' prefill ubatch and the granularity of restores."""
+PREFIX_BLOCK_TOKENS = UBATCH_TOKENS
+"""Block of the hash chain and the granularity of restores: the ubatch grid (swarm/numeric.py)."""
 DENSE_TAIL_OFFERS = 32
 """Offers always kept at consecutive block boundaries just below the prompt's end."""
 _SEED = hashlib.sha256(b"swarm-prefix-v1").digest()

@@ -29,12 +29,12 @@ from swarm.dht.node import SwarmDHT
 from swarm.errors import SwarmError
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.budget import SpanBudget, span_budget
-from swarm.kv.prefix import PREFIX_BLOCK_TOKENS
 from swarm.kv.sessions import SessionTable
 from swarm.kv.snapshot import local_format
 from swarm.kv.snapshot_store import SnapshotStore
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import is_model_id
+from swarm.numeric import UBATCH_TOKENS
 from swarm.peer.announce import Announcer
 from swarm.peer.config import ServeConfig
 from swarm.peer.rebalance import Rebalancer
@@ -115,7 +115,7 @@ def _prefix_service(
         for stale in disk_dir.glob("*.kv"):  # the disk tier is a cache of one run
             stale.unlink(missing_ok=True)
     store = SnapshotStore(cfg.prefix_cache_bytes, disk_dir, cfg.prefix_disk_bytes)
-    fmt = local_format(flash_attn=True, ubatch_tokens=PREFIX_BLOCK_TOKENS, kv_streams=cfg.max_sessions)
+    fmt = local_format(flash_attn=True, ubatch_tokens=UBATCH_TOKENS, kv_streams=cfg.max_sessions)
     return PrefixService(
         store,
         fmt,
@@ -215,7 +215,7 @@ async def load(cfg: ServeConfig, path: Path, manifest: Manifest, start: int, end
         n_seq_max=cfg.max_sessions,
         n_threads=cfg.n_threads,
         model_id=model_id,
-        n_batch=PREFIX_BLOCK_TOKENS,  # prefill ubatches on the block grid: restores are exact (kv/prefix.py)
+        n_batch=UBATCH_TOKENS,  # prefill ubatches on the grid of the numeric contract (swarm/numeric.py)
     )
 
 

@@ -133,6 +133,33 @@ def layer_ranges(layers) -> str:
     return ", ".join(f"{a}:{b + 1}" for a, b in runs)
 
 
+def route_room(peers: Sequence[PeerSpan], n_layers: int, *, exclude: frozenset[str] = frozenset()) -> int:
+    """The longest session some complete route could hold now: the largest `need_tokens` for which
+    `plan_route` finds a route, i.e. over every chain of usable spans from layer 0 to n_layers, the
+    most of its smallest `free_cache_tokens` (a widest-path pass over layer boundaries, in boundary
+    order like `plan_route`'s).
+
+    Args:
+        peers: snapshot of announced spans (any order).
+        n_layers: layers in the model.
+        exclude: peer ids not to use.
+    Returns:
+        KV tokens (prompt + generation) one new session may reserve on every hop; 0 when no chain of
+        usable peers (free slot, not excluded, a sound span) reaches the last layer.
+    """
+    widest: dict[int, int] = {0: 2**62}  # boundary -> the most tokens a chain from layer 0 to it holds
+    by_start: dict[int, list[PeerSpan]] = {}
+    for p in peers:
+        if _skip_reason(p, n_layers, 0, exclude) is None:
+            by_start.setdefault(p.start, []).append(p)
+    for b in range(n_layers):
+        if b not in widest:
+            continue
+        for p in by_start.get(b, ()):
+            widest[p.end] = max(widest.get(p.end, 0), min(widest[b], p.free_cache_tokens))
+    return widest.get(n_layers, 0)
+
+
 def plan_route(
     peers: Sequence[PeerSpan],
     n_layers: int,

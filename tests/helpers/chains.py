@@ -13,14 +13,16 @@ import numpy as np
 from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.ggml_bridge.slicing import read_span_layers
+from swarm.numeric import UBATCH_TOKENS
 from tests.helpers.oracle import N_THREADS
 
 TOL = 1e-4  # max |logit difference| a chain may have from the whole model
 
 
 def open_chain(model_path: Path, cuts: tuple[int, ...], span_cache: Path, n_seq_max: int = 2,
-               n_batch: int = 512) -> list[SpanExecutor]:
-    """Executors for the spans between `cuts`, in layer order."""
+               n_batch: int = UBATCH_TOKENS) -> list[SpanExecutor]:
+    """Executors for the spans between `cuts`, in layer order; prefills in ubatches of n_batch rows
+    (the grid of the numeric contract by default, as the peers and the oracles)."""
     _, n_layers = read_span_layers(model_path)
     bounds = [0, *cuts, n_layers]
     return [SpanExecutor.for_span(model_path, a, b, n_ctx_tokens=256, n_seq_max=n_seq_max,

@@ -1,9 +1,13 @@
 """The oracles: llama.cpp's ordinary whole-model path (llama-cpp-python `Llama`), the reference every
 swarm, span chain and local backend output is compared with.
 
-Two kinds, each computed once per session for the same inputs, and each loading a model once:
+Every oracle runs under the numeric contract (swarm/numeric.py): flash attention, one sequence, the
+prompt in ubatches of `UBATCH_TOKENS` rows from position 0 (llama.cpp n_ubatch), each generated token
+decoded alone. Three kinds, each computed once per session for the same inputs, each loading a model once:
 - `oracle(path, prompt, n)`: the greedy completion text (`create_completion`, temperature 0).
 - `logits_oracle(path)`: logits of every prompt token, then N_DECODE greedy steps (the parity tests').
+- `contract_tokens(path, prompt_ids, n, temperature, seed)`: the token ids a generation gives, greedy
+  or sampled with `swarm.sampling` (seeded per position, as every backend samples).
 
 A cached `Llama` is `reset()` before every completion, so no run reuses another's KV cache: each
 answer is the one a freshly loaded model gives. This module does not start peers or build spans.
@@ -17,6 +21,9 @@ from pathlib import Path
 
 import llama_cpp
 import numpy as np
+
+from swarm.numeric import UBATCH_TOKENS
+from swarm.sampling import SamplingParams, sample
 
 N_THREADS = 2
 N_DECODE = 32
@@ -36,7 +43,8 @@ PROMPT = (
 @functools.cache
 def _llama(path: str, n_ctx: int, n_threads: int) -> llama_cpp.Llama:
     """One loaded model per (file, context, threads) for the session; held until the process ends."""
-    return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, flash_attn=True, verbose=False)
+    return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_ubatch=UBATCH_TOKENS,
+                           flash_attn=True, verbose=False)
 
 
 @functools.cache
@@ -85,7 +93,7 @@ def run_oracle(model_path: Path, text: str = PROMPT) -> Oracle:
         AssertionError: the prompt is shorter than 64 tokens (the parity tests cut prefills there).
     """
     llm = llama_cpp.Llama(str(model_path), n_ctx=256, n_threads=N_THREADS, n_threads_batch=N_THREADS,
-                          logits_all=True, flash_attn=True, verbose=False)
+                          n_ubatch=UBATCH_TOKENS, logits_all=True, flash_attn=True, verbose=False)
     try:
         prompt = llm.tokenize(text.encode(), add_bos=True)
         assert len(prompt) >= 64, len(prompt)
@@ -112,3 +120,40 @@ def _logits_oracle(path: str, text: str) -> Oracle:
 def logits_oracle(model_path: Path | str, text: str = PROMPT) -> Oracle:
     """`run_oracle`, computed once per (model, text) per session."""
     return _logits_oracle(str(model_path), text)
+
+
+@functools.cache
+def _contract_tokens(path: str, prompt: tuple[int, ...], n: int, temperature: float, seed: int) -> tuple[int, ...]:
+    llm = _llama(path, 2048, N_THREADS)
+    llm.reset()
+    params = SamplingParams(temperature=temperature, seed=seed)
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    llm.eval(list(prompt))
+    out: list[int] = []
+    while len(out) < n:
+        # the last evaluated row's logits (the `Llama` keeps `scores` only with logits_all)
+        ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
+        token = sample(logits, params, position=llm.n_tokens).token
+        out.append(token)
+        if llama_cpp.llama_vocab_is_eog(vocab, token) or len(out) == n:
+            break
+        llm.eval([token])
+    return tuple(out)
+
+
+def contract_tokens(
+    model_path: Path | str, prompt: list[int], n: int, temperature: float = 0.0, seed: int = 0
+) -> list[int]:
+    """The token ids llama.cpp's whole model generates after `prompt` under the numeric contract.
+
+    Args:
+        model_path: the whole model's GGUF file.
+        prompt: prompt token ids (BOS included where the model wants it), at most 2,048 - n.
+        n: most tokens to generate; fewer when an end-of-generation token comes (it is included).
+        temperature, seed: `swarm.sampling` parameters (0: greedy); the draw for the token at
+            position p is seeded by (seed, p), as every backend draws.
+    Returns:
+        the generated ids; the same call later in the session returns the cached list.
+    """
+    return list(_contract_tokens(str(model_path), tuple(prompt), n, float(temperature), seed))

@@ -309,6 +309,7 @@ def test_bad_requests_get_openai_errors(api):
     over_cap = " hello" * (MAX_CONTEXT_TOKENS + 10)
     e = _status_code(lambda: client.completions.create(model=name, prompt=over_cap, max_tokens=1))
     assert e.status_code == 413 and e.body["code"] == "context_length_exceeded"
+    assert e.body["param"] == "prompt"  # the completions request's own field, not chat's "messages"
     assert f"{MAX_CONTEXT_TOKENS}" in e.body["message"]
 
     request = urllib.request.Request(
@@ -320,6 +321,29 @@ def test_bad_requests_get_openai_errors(api):
     error = json.loads(info.value.read())["error"]
     assert error["type"] == "invalid_request_error" and error["param"] is None
     assert error["message"].startswith("the request body is not valid JSON: Expecting property name")
+
+
+def test_a_missing_max_tokens_fills_what_the_route_holds_per_session(api):
+    # The peers take 32,768 / 8 = 4,096 tokens per session on SmolLM2's 8,192-token context: a prompt
+    # of 4,088 tokens leaves 8, which is the default, not "512 or what the context leaves" (a 400).
+    client, name = api.client(), api.model_path.name
+    tokenizer = Tokenizer.from_gguf(api.model_path)
+    k = 4088
+    while len(tokenizer.encode(" hello" * k)) > 4088:
+        k -= 1
+    prompt = " hello" * k
+    n = len(tokenizer.encode(prompt))
+    assert 4080 <= n <= 4088
+    default = client.completions.create(model=name, prompt=prompt, temperature=0)
+    explicit = client.completions.create(model=name, prompt=prompt, temperature=0, max_tokens=4096 - n)
+    assert default.usage.prompt_tokens == n
+    assert default.choices[0].text == explicit.choices[0].text
+    assert default.usage.completion_tokens == explicit.usage.completion_tokens
+    assert default.choices[0].finish_reason == "length" and default.usage.completion_tokens == 4096 - n
+    # a prompt that fills the session leaves no token: a 400 naming the prompt and the per-session cap
+    e = _status_code(lambda: client.completions.create(model=name, prompt=" hello" * 4200, temperature=0))
+    assert e.status_code == 400 and e.body["code"] == "context_length_exceeded"
+    assert e.body["param"] == "prompt" and "take at most 4096 tokens per session" in e.body["message"]
 
 
 def test_disconnect_mid_stream_closes_the_sessions_on_every_peer(api):

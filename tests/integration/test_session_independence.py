@@ -1,10 +1,10 @@
 """Concurrent sessions on one real peer are independent: each one's logits equal its solo run's.
 
 One `swarm serve` peer holds the whole of SmolLM2 (span 0:30, so it samples and can return the
-logits). A raw client drives five sessions with prompts of 7 to 190 tokens (none a multiple of the
-64-row block): first each one alone on the peer, then all five at once — every prefill sent before
+logits). A raw client drives eight sessions (the peer's --max-sessions) with prompts of 7 to 300
+tokens (none a multiple of the 64-row block): first each one alone on the peer, then all eight at once — every prefill sent before
 any answer is read, so the peer's scheduler interleaves their 64-row chunks, then every decode
-step of all five sent together, so the scheduler batches them into shared `llama_decode` calls.
+step of all eight sent together, so the scheduler batches them into shared `llama_decode` calls.
 Every reply's logits (the last prompt row's, then each decode step's) and sampled token must equal
 the solo run's bit for bit.
 
@@ -24,9 +24,9 @@ from swarm.wire import Close, Forward, Token, encode_frame
 
 from tests.helpers.peers import PeerSet, RawClient, serve_args
 
-PROMPT_LENGTHS = (7, 70, 100, 131, 190)
+PROMPT_LENGTHS = (7, 70, 100, 131, 190, 33, 250, 300)
 N_DECODE = 12
-MAX_TOKENS = 256
+MAX_TOKENS = 320
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ QUOTED_AT_LEAST = (
     "INLINE_MAX_MS",
     "MAX_CONTEXT_TOKENS",
     "MAX_FORWARD_TOKENS",
-    "PREFIX_BLOCK_TOKENS",
+    "UBATCH_TOKENS",
     "MIN_GAIN",
     "ServeConfig.cache_tokens",
     "ServeConfig.max_sessions",

@@ -3,7 +3,7 @@
 import pytest
 
 from swarm.errors import NoRoute, RequestError, SessionTooLong
-from swarm.route.plan import DEFAULT_RTT_MS, layer_ranges, plan_route
+from swarm.route.plan import DEFAULT_RTT_MS, layer_ranges, plan_route, route_room
 from tests.helpers.factories import peer_span
 
 
@@ -74,6 +74,23 @@ def test_no_route_for_a_session_longer_than_every_peer_offers_names_the_cap():
         plan_route(peers, 20, need_tokens=3000)
     assert (e.value.need_tokens, e.value.most_tokens, e.value.missing) == (3000, 2048, tuple(range(20)))
     assert chain(plan_route(peers, 20, need_tokens=2048)) == [("a", 0, 10), ("t", 10, 20)]
+
+
+def test_route_room_is_the_widest_chain_and_plan_route_agrees():
+    # chains: b(3000)+t(4096) holds 3000, a(2048)+t 2048, b+u(1024) 1024, whole(1500) 1500
+    peers = [span("a", 0, 10, cache=2048), span("b", 0, 10, cache=3000), span("t", 10, 20, cache=4096),
+             span("u", 10, 20, cache=1024), span("whole", 0, 20, cache=1500),
+             span("busy", 0, 20, cache=9000, slots=0)]
+    assert route_room(peers, 20) == 3000
+    assert chain(plan_route(peers, 20, need_tokens=3000)) == [("b", 0, 10), ("t", 10, 20)]
+    with pytest.raises(NoRoute, match="the most any of them offers a new session is 3000"):
+        plan_route(peers, 20, need_tokens=3001)
+    assert route_room(peers, 20, exclude=frozenset({"b"})) == 2048
+    assert route_room(peers, 20, exclude=frozenset({"a", "b"})) == 1500
+    assert route_room(peers, 20, exclude=frozenset({"t"})) == 1500  # b+u holds only 1024
+    assert route_room(peers, 20, exclude=frozenset({"t", "whole"})) == 1024
+    assert route_room(peers[:2], 20) == 0  # nothing reaches layer 20
+    assert route_room([], 20) == 0
 
 
 def test_a_long_session_blocked_also_by_a_busy_or_excluded_peer_may_pass_later():
