@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -83,7 +84,7 @@ def split_shards(path: Path) -> list[Path] | None:
     return shards
 
 
-def merged_model(path: Path, cache: Path) -> Path:
+def merged_model(path: Path, cache: Path, progress: bool = False) -> Path:
     """`path` itself for a whole GGUF; for the first shard of a split model, its merged GGUF.
 
     The merged file is written atomically (temp + rename) under `cache/merged/` on first use and
@@ -92,6 +93,7 @@ def merged_model(path: Path, cache: Path) -> Path:
     Args:
         path: a GGUF (already checked for the magic).
         cache: the model cache directory.
+        progress: show the merge's progress bar on stderr.
     Returns:
         the GGUF to use as the model.
     Raises:
@@ -114,7 +116,9 @@ def merged_model(path: Path, cache: Path) -> Path:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        _merge(shards, tmp)
+        if progress:
+            print(f"merging the {len(shards)} shards of {path} into {dest}", file=sys.stderr)
+        _merge(shards, tmp, progress)
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     except (OSError, ValueError, KeyError, IndexError) as e:
@@ -124,7 +128,7 @@ def merged_model(path: Path, cache: Path) -> Path:
     return dest
 
 
-def _merge(shards: list[Path], out: Path) -> None:
+def _merge(shards: list[Path], out: Path, progress: bool) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gguf warns (and goes on) about duplicate keys
         readers = [GGUFReader(s, "r") for s in shards]
@@ -151,5 +155,5 @@ def _merge(shards: list[Path], out: Path) -> None:
             writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_tensors_to_file(progress=progress)
     writer.close()

@@ -177,7 +177,7 @@ def resolve_model(
         return fetch_model(model.name, cache=cache, progress=progress)
     looks_like_path = os.sep in name_or_path or name_or_path.endswith(".gguf") or Path(name_or_path).exists()
     if looks_like_path:
-        return merged_model(check_gguf(Path(name_or_path).expanduser()), cache_dir(cache))
+        return merged_model(check_gguf(Path(name_or_path).expanduser()), cache_dir(cache), progress)
     known = ", ".join(KNOWN_MODELS)
     raise ModelError(f"unknown model {name_or_path!r}: give a .gguf path or one of: {known}")
 

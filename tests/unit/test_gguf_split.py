@@ -83,3 +83,12 @@ def test_models_info_on_the_first_shard_reports_the_whole_model(split_model, cac
     assert fields["model_id"].strip() == manifest.model_id
     assert fields["tensors"].strip() == str(len(manifest.tensors))
     assert fields["layers"].strip() == str(manifest.n_layers)
+
+
+def test_the_command_line_names_the_first_shard_without_a_traceback(split_model, cache):
+    _, shards = split_model
+    proc = subprocess.run([sys.executable, "-m", "swarm.cli", "models", "info", str(shards[2])],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert f"give its first shard, {shards[0]}" in proc.stderr
