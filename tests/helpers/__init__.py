@@ -6,5 +6,5 @@
 - markers.py: the cost markers (quick, model, peers, slow) and the rule that puts them on every test.
 - oracle.py: llama.cpp's whole-model references (completion text; prompt and step logits), cached per session.
 - peers.py: peer processes and their `serve` arguments, raw span streams, polling with a deadline.
-- synthetic.py: tiny synthetic GGUF models of every architecture swarm.arch has a row for.
+- synthetic.py: tiny synthetic GGUF models of every architecture swarm.arch has a row for; split GGUFs.
 """

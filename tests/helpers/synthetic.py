@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFValueType, GGUFWriter
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 N_LAYERS = 5
 N_EMBD = 64
@@ -426,3 +426,33 @@ def _deepseek4() -> SyntheticSpec:
 
 WHOLE_ONLY: dict[str, Callable[[], SyntheticSpec]] = {"deepseek4": _deepseek4}
 """Architectures llama.cpp runs whole but not as layer spans (their row's `split_refusal`)."""
+
+
+def write_split(src: Path, dest_dir: Path, n_shards: int) -> list[Path]:
+    """Split a GGUF into `n_shards` shards as the `gguf` package's writer does (llama.cpp's `split.*`
+    keys, all metadata in the first shard, names `<stem>-0000i-of-0000n.gguf`).
+
+    Args:
+        src: a whole GGUF.
+        dest_dir: where the shards go (created).
+        n_shards: 2 or more, at most the tensor count.
+    Returns:
+        the shards' paths, first to last.
+    """
+    reader = GGUFReader(src, "r")
+    per_shard = -(-len(reader.tensors) // n_shards)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    arch = reader.fields["general.architecture"].contents()
+    w = GGUFWriter(dest_dir / src.name, arch, split_max_tensors=per_shard)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for t in reader.tensors:
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return [dest_dir / f"{src.stem}-{i + 1:05d}-of-{n_shards:05d}.gguf" for i in range(n_shards)]
