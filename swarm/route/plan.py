@@ -150,7 +150,7 @@ def route_room(peers: Sequence[PeerSpan], n_layers: int, *, exclude: frozenset[s
     widest: dict[int, int] = {0: 2**62}  # boundary -> the most tokens a chain from layer 0 to it holds
     by_start: dict[int, list[PeerSpan]] = {}
     for p in peers:
-        if _skip_reason(p, n_layers, 0, exclude) is None:
+        if _skip_reason(p, n_layers, 0, exclude, frozenset()) is None:
             by_start.setdefault(p.start, []).append(p)
     for b in range(n_layers):
         if b not in widest:
