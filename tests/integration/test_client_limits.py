@@ -24,7 +24,7 @@ from swarm.peer.quotas import CLIENT_STREAMS, MAX_BUFFERED_BYTES
 from swarm.wire import Close, Error, ErrorCode, Forward, OpenOk, Token, decode_frame, encode_frame
 
 from tests.helpers.oracle import oracle
-from tests.helpers.peers import PeerSet, RawClient, free_port, scrape, serve_args, wait_for
+from tests.helpers.peers import PeerSet, RawClient, free_port, opened, scrape, serve_args, wait_for
 
 CLIENT_SESSIONS = 4  # the default: half of the 8 slots
 REFUSED = 'swarm_peer_limit_refusals_total{limit="%s"}'
@@ -69,13 +69,13 @@ def test_one_client_cannot_take_every_session_slot(limited):
         s = greedy.stream()
         held.append(s)
         replies.append(greedy.ask(s, greedy.open_frame()))
-    assert replies[:CLIENT_SESSIONS] == [OpenOk(reserved_tokens=64)] * CLIENT_SESSIONS
+    assert [opened(r) for r in replies[:CLIENT_SESSIONS]] == [64] * CLIENT_SESSIONS
     refusal = replies[-1]
     assert isinstance(refusal, Error) and refusal.code == ErrorCode.BUSY
     assert refusal.message.startswith("client limit: ") and "client_sessions 4" in refusal.message
     # 4 of 8 slots are still free: another client gets a session
     other = modest.stream()
-    assert modest.ask(other, modest.open_frame()) == OpenOk(reserved_tokens=64)
+    assert opened(modest.ask(other, modest.open_frame())) == 64
     _close(greedy, held)
     _close(modest, [other])
 

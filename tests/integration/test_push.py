@@ -18,12 +18,12 @@ import pytest
 
 from swarm.manifest import build_manifest
 from swarm.limits import PUSH_PROTOCOL
-from swarm.wire import Attach, Chain, Error, ErrorCode, Forward, Hidden, Open, OpenOk, Token, encode_frame
+from swarm.wire import Attach, Chain, Error, ErrorCode, Forward, Hidden, Open, Token, encode_frame
 
 from swarm import Client
 
 from tests.helpers.oracle import oracle
-from tests.helpers.peers import PeerSet, RawClient, serve_args
+from tests.helpers.peers import PeerSet, RawClient, opened, serve_args
 
 RNG = np.random.default_rng(11)
 ROWS = RNG.standard_normal((5, 576)).astype(np.float32)
@@ -61,7 +61,7 @@ def _session(c: RawClient):
     session_id = os.urandom(16)
     frame = Open(session_id=session_id, client_id=c.dht.peer_id, model_id=c.model_id, start=c.span[0],
                  end=c.span[1], max_tokens=64)
-    assert c.ask(s, encode_frame(frame)) == OpenOk(reserved_tokens=64)
+    assert opened(c.ask(s, encode_frame(frame))) == 64
     return s, session_id
 
 
@@ -81,7 +81,7 @@ def test_only_the_named_previous_peer_may_push_into_a_session(clients):
     s, session_id = _session(last)
     # chained to accept pushes from another peer (the 0:15 peer), not from `pusher`
     other = clients["first"].peer.peer_id
-    assert last.ask(s, encode_frame(Chain(prev_peer=other))) == OpenOk(reserved_tokens=64)
+    assert opened(last.ask(s, encode_frame(Chain(prev_peer=other)))) == 64
     _, reply = _push_stream(pusher, session_id)
     assert isinstance(reply, Error) and reply.code == ErrorCode.FORBIDDEN
     _, reply = _push_stream(pusher, os.urandom(16))  # no such session
@@ -93,9 +93,9 @@ def test_a_pushed_step_is_answered_to_the_client_stale_pushes_are_dropped_rewind
     a, b = ROWS[:3], ROWS[3:4]
     want = _relayed(last, [(0, a), (3, b)])
     s, session_id = _session(last)
-    assert last.ask(s, encode_frame(Chain(prev_peer=pusher.dht.peer_id))) == OpenOk(reserved_tokens=64)
+    assert opened(last.ask(s, encode_frame(Chain(prev_peer=pusher.dht.peer_id)))) == 64
     push, reply = _push_stream(pusher, session_id)
-    assert reply == OpenOk(reserved_tokens=64)
+    assert opened(reply) == 64
 
     pusher.send(push, encode_frame(Forward(step=5, pos0=0, hidden=a, push=True)))
     got = last.recv(s)
@@ -119,7 +119,7 @@ def test_a_hop_whose_push_fails_answers_unpushed_with_the_same_hidden_state(clie
     s, _ = _session(first)
     chain = Chain(next_peer=clients["last"].peer.peer_id, next_session=os.urandom(16),  # no such session
                   next_addrs=tuple(clients["last"].peer.maddrs))
-    assert first.ask(s, encode_frame(chain)) == OpenOk(reserved_tokens=64)
+    assert opened(first.ask(s, encode_frame(chain))) == 64
     got = first.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=ROWS[:3], push=True)))
     assert isinstance(got, Hidden) and not got.pushed
     assert got.hidden.tobytes() == want.hidden.tobytes()
@@ -158,10 +158,10 @@ def test_garbage_on_a_push_stream_ends_only_that_stream(clients):
     last, pusher = clients["last"], clients["pusher"]
     want = _relayed(last, [(0, ROWS[:3])])[0]
     s, session_id = _session(last)
-    assert last.ask(s, encode_frame(Chain(prev_peer=pusher.dht.peer_id))) == OpenOk(reserved_tokens=64)
+    assert opened(last.ask(s, encode_frame(Chain(prev_peer=pusher.dht.peer_id)))) == 64
     for bad in (b"\x03garbage", encode_frame(Forward(step=1, pos0=0, hidden=ROWS[:3]))):  # not push
         push, reply = _push_stream(pusher, session_id)
-        assert reply == OpenOk(reserved_tokens=64)
+        assert opened(reply) == 64
         pusher.send(push, bad)
         pusher.assert_closed(push)
     got = last.ask(s, encode_frame(Forward(step=2, pos0=0, hidden=ROWS[:3])))
