@@ -49,7 +49,7 @@ def test_peers_that_joined_through_another_learn_they_are_public(smol_swarm, smo
 def test_a_private_peer_that_does_not_answer_is_reported_unreachable_not_missing(peers, smollm2_path, loop):
     dht = peers.start("dht", "dht", ready_marker="")
     peer = peers.start("p", *serve_args(smollm2_path, "0:30", "--initial-peers", dht.maddrs[0],
-                                        "--reachability", "private"))
+                                        "--reachability", "private", "--relay", "off"))
     assert "reachability private (set by --reachability private)" in peer.stderr_text()
     live = swarm_status(str(smollm2_path), dht.maddrs)
     assert [(p.peer_id, p.reachability) for p in live.peers] == [(peer.peer_id, "private")]
