@@ -287,6 +287,7 @@ def test_wrong_dtype_ends_the_stream(raw):
         "push": False,
         "rewind": False,
         "steps": [],
+        "verify": False,
         "dtype": "f64",
         "shape": [1, N_EMBD],
     }
