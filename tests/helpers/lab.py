@@ -101,6 +101,7 @@ class LabStream:
         argv = [sys.executable, "-m", "tests.helpers.lab", str(model_path), prompt, str(n), *initial_peers]
         self._proc = lab.spawn(site, argv, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
         self._watchdog = threading.Timer(CHAT_S, self._proc.kill)  # a hang fails, it does not block
+        self._watchdog.daemon = True
         self._watchdog.start()
         self._last: dict | None = None
 
