@@ -21,7 +21,11 @@ transport is one function in TRANSPORTS that places and starts the serving peers
 one-way trips a token crosses.
 
     flock /tmp/swarm-heavy.lock .venv/bin/python scripts/bench_wan.py [--rtt 0 20 50] [--decode 64] \
-        [--repeats 3] [--transport direct]
+        [--repeats 3] [--transport direct relayed]
+
+With several transports, their swarms stand side by side in one lab (apart: one DHT each) and at each
+RTT their clients run back to back; with both `direct` and `relayed`, the output adds per RTT the
+relayed route's inter-token latency minus the direct one's, next to one measured RTT.
 
 Needs root (network namespaces); prints one JSON object.
 """
@@ -66,39 +70,39 @@ class Placed:
     one_way_trips: int
 
 
-def direct(lab: Lab, peers: PeerSet, model: Path, n_layers: int) -> Placed:
+def direct(lab: Lab, peers: PeerSet, model: Path, n_layers: int, tag: str) -> Placed:
     """Three serving peers in public sites, joined through a public DHT peer: every hop direct, and
-    pushed peer to peer (S + 1 = 4 one-way trips per token)."""
-    dht = start_in(peers, lab, lab.public("dht"), "dht", "dht", ready_marker="")
+    pushed peer to peer (S + 1 = 4 one-way trips per token). Sites and peers are named `tag`-NAME."""
+    dht = start_in(peers, lab, lab.public(f"{tag}-dht"), f"{tag}-dht", "dht", ready_marker="")
     cuts = [0, n_layers // 3, 2 * n_layers // 3, n_layers]
-    sites = [lab.public(f"p{i}") for i in range(3)]
+    sites = [lab.public(f"{tag}-p{i}") for i in range(3)]
     for i, site in enumerate(sites):
         start_in(
             peers,
             lab,
             site,
-            f"p{i}",
+            site.name,
             *serve_args(model, f"{cuts[i]}:{cuts[i + 1]}", "--initial-peers", dht.maddrs[0]),
         )
     return Placed(dht.maddrs, sites[0], len(sites) + 1)
 
 
-def relayed(lab: Lab, peers: PeerSet, model: Path, n_layers: int) -> Placed:
+def relayed(lab: Lab, peers: PeerSet, model: Path, n_layers: int, tag: str) -> Placed:
     """The middle serving peer behind a NAT router without forwards (`--reachability private`), reached
     through the public DHT peer's relay (swarm.relay); the other two public. The trips into and out of
     the middle hop each pass the relay's site: S + 1 + 2 = 6 one-way trips per token, one RTT more
-    than direct."""
-    dht = start_in(peers, lab, lab.public("dht"), "dht", "dht", ready_marker="")
+    than direct. Sites and peers are named `tag`-NAME."""
+    dht = start_in(peers, lab, lab.public(f"{tag}-dht"), f"{tag}-dht", "dht", ready_marker="")
     cuts = [0, n_layers // 3, 2 * n_layers // 3, n_layers]
-    sites = [lab.public("p0"), lab.home("p1"), lab.public("p2")]
+    sites = [lab.public(f"{tag}-p0"), lab.home(f"{tag}-p1"), lab.public(f"{tag}-p2")]
     for i, site in enumerate(sites):
         private = ("--reachability", "private") if site.router is not None else ()
-        start_in(peers, lab, site, f"p{i}",
+        start_in(peers, lab, site, site.name,
                  *serve_args(model, f"{cuts[i]}:{cuts[i + 1]}", "--initial-peers", dht.maddrs[0], *private))
     return Placed(dht.maddrs, sites[0], len(sites) + 1 + 2)
 
 
-TRANSPORTS: dict[str, Callable[[Lab, PeerSet, Path, int], Placed]] = {"direct": direct, "relayed": relayed}
+TRANSPORTS: dict[str, Callable[[Lab, PeerSet, Path, int, str], Placed]] = {"direct": direct, "relayed": relayed}
 
 
 def run_client(model: str, initial_peers: list[str], prompt: str, n_decode: int, repeats: int) -> list[dict]:
@@ -125,46 +129,67 @@ def run_client(model: str, initial_peers: list[str], prompt: str, n_decode: int,
     return runs
 
 
-def measure(lab: Lab, client_site, placed: Placed, model: Path, args) -> list[dict]:
-    """For each RTT: set it, probe the client's RTT to the first hop, run the client; one row each."""
-    rows = []
-    listen(lab, placed.first_hop, PROBE_PORT)
+def run_one(lab: Lab, client_site: Site, placed: Placed, model: Path, rtt: float, args) -> dict:
+    """One row: probe the client's RTT to the first hop, run the client (warm-up + repeats) at the RTT
+    set now."""
+    probe = ping(lab, client_site, placed.first_hop.address, PROBE_PORT, count=10)
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--client",
+        str(model),
+        "--decode",
+        str(args.decode),
+        "--repeats",
+        str(args.repeats),
+        "--initial-peers",
+        *placed.initial_peers,
+    ]
+    runs = json.loads(lab.run(client_site, argv, timeout_s=CLIENT_S).stdout.strip().splitlines()[-1])
+    return {
+        "rtt_ms": rtt,
+        "measured_rtt_ms_p50": round(statistics.median(probe.rtt_ms), 2),
+        "decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 2),
+        "ttft_ms": round(statistics.median(r["ttft_ms"] for r in runs), 1),
+        "itl_ms_p50": round(statistics.median(r["itl_ms_p50"] for r in runs), 1),
+        "compute_ms_per_token": round(statistics.median(r["compute_ms_per_token"] for r in runs), 1),
+        "transports": runs[0]["transports"],
+        "pushed_steps": runs[0]["pushed_steps"],
+        "texts": sorted({r["text"] for r in runs}),
+    }
+
+
+def measure(lab: Lab, client_site: Site, placed: dict[str, Placed], model: Path, args) -> dict[str, list[dict]]:
+    """For each RTT: set it, then run every transport's client back to back (so transports share the
+    machine's load of the moment); {transport: one row per RTT}, with the floor and the added latency
+    over the transport's own 0 ms row."""
+    rows: dict[str, list[dict]] = {name: [] for name in placed}
+    for p in placed.values():
+        listen(lab, p.first_hop, PROBE_PORT)
     for rtt in args.rtt:
         lab.set_rtt(rtt)
-        probe = ping(lab, client_site, placed.first_hop.address, PROBE_PORT, count=10)
-        argv = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--client",
-            str(model),
-            "--decode",
-            str(args.decode),
-            "--repeats",
-            str(args.repeats),
-            "--initial-peers",
-            *placed.initial_peers,
-        ]
-        runs = json.loads(lab.run(client_site, argv, timeout_s=CLIENT_S).stdout.strip().splitlines()[-1])
-        rows.append(
-            {
-                "rtt_ms": rtt,
-                "measured_rtt_ms_p50": round(statistics.median(probe.rtt_ms), 2),
-                "decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 2),
-                "ttft_ms": round(statistics.median(r["ttft_ms"] for r in runs), 1),
-                "itl_ms_p50": round(statistics.median(r["itl_ms_p50"] for r in runs), 1),
-                "compute_ms_per_token": round(statistics.median(r["compute_ms_per_token"] for r in runs), 1),
-                "transports": runs[0]["transports"],
-                "pushed_steps": runs[0]["pushed_steps"],
-                "texts": sorted({r["text"] for r in runs}),
-            }
-        )
-    base = rows[0]["itl_ms_p50"] if args.rtt[0] == 0 else None
-    for row in rows:
-        row["floor_added_ms"] = placed.one_way_trips * row["rtt_ms"] / 2
-        if base is not None:
-            row["added_itl_ms"] = round(row["itl_ms_p50"] - base, 1)
-            row["floor_itl_ms"] = round(base + row["floor_added_ms"], 1)
+        for name, p in placed.items():
+            rows[name].append(run_one(lab, client_site, p, model, rtt, args))
+    for name, p in placed.items():
+        base = rows[name][0]["itl_ms_p50"] if args.rtt[0] == 0 else None
+        for row in rows[name]:
+            row["floor_added_ms"] = p.one_way_trips * row["rtt_ms"] / 2
+            if base is not None:
+                row["added_itl_ms"] = round(row["itl_ms_p50"] - base, 1)
+                row["floor_itl_ms"] = round(base + row["floor_added_ms"], 1)
     return rows
+
+
+def relayed_minus_direct(rows: dict[str, list[dict]]) -> list[dict]:
+    """Per RTT, the relayed route's inter-token latency minus the direct one's (both of this run), next
+    to one measured RTT (the most one relayed hop may add per token: issue 23's acceptance)."""
+    out = []
+    for d, r in zip(rows["direct"], rows["relayed"]):
+        diff = round(r["itl_ms_p50"] - d["itl_ms_p50"], 1)
+        one_rtt = d["measured_rtt_ms_p50"]
+        out.append({"rtt_ms": d["rtt_ms"], "itl_diff_ms": diff, "one_rtt_ms": one_rtt,
+                    "within_one_rtt": diff <= one_rtt if d["rtt_ms"] > 0 else None})
+    return out
 
 
 def main() -> int:
@@ -175,7 +200,8 @@ def main() -> int:
     )
     ap.add_argument("--decode", type=int, default=64, help="decode steps per generation")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--transport", choices=sorted(TRANSPORTS), default="direct")
+    ap.add_argument("--transport", choices=sorted(TRANSPORTS), nargs="+", default=["direct"],
+                    help="one or more; several are measured in one lab, back to back at each RTT")
     ap.add_argument("--client", metavar="MODEL", help=argparse.SUPPRESS)  # the client inside its site
     ap.add_argument("--initial-peers", nargs="*", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -190,25 +216,22 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-wan-") as root, Lab() as lab:
         peers = PeerSet(Path(root))
         try:
-            placed = TRANSPORTS[args.transport](lab, peers, model, n_layers)
+            placed = {name: TRANSPORTS[name](lab, peers, model, n_layers, name[0]) for name in args.transport}
             client_site = lab.home("client")
             rows = measure(lab, client_site, placed, model, args)
         finally:
             peers.stop_all()
-    texts = {t for row in rows for t in row.pop("texts")}
-    print(
-        json.dumps(
-            {
-                "model": args.model,
-                "transport": args.transport,
-                "decode": args.decode,
-                "repeats": args.repeats,
-                "same_text_everywhere": len(texts) == 1,
-                "rows": rows,
-            },
-            indent=1,
-        )
-    )
+    texts = {t for by in rows.values() for row in by for t in row.pop("texts")}
+    out = {
+        "model": args.model,
+        "decode": args.decode,
+        "repeats": args.repeats,
+        "same_text_everywhere": len(texts) == 1,
+        "rows": rows,
+    }
+    if {"direct", "relayed"} <= rows.keys():
+        out["relayed_minus_direct"] = relayed_minus_direct(rows)
+    print(json.dumps(out, indent=1))
     return 0
 
 

@@ -10,10 +10,12 @@ The oracle is llama.cpp's whole-model greedy completion (tests/helpers/oracle.py
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sim.netlab import Lab
-from tests.helpers.lab import chat_in, start_in
+from tests.helpers.lab import chat_in, start_in, swarm_in
 from tests.helpers.oracle import oracle
 from tests.helpers.peers import PeerSet, serve_args
 
@@ -47,6 +49,12 @@ def test_peers_behind_nat_without_forwards_serve_a_long_generation_through_the_r
     dht, h0, h1 = peers.started
     for peer in (h0, h1):  # registered with the public peer's relay, at its public address
         assert f"reached through relay /ip4/{lab.sites['dht'].address}/tcp/" in peer.stderr_text()
+    status = swarm_in(lab, lab.sites["client"], "status", "--json", "--model", str(smollm2_path),
+                      "--initial-peers", *dht.maddrs)
+    report = json.loads(status.stdout.strip().splitlines()[-1])
+    assert report["route_exists"], status.stderr[-3000:]
+    assert report["best_route"]["transports"] == ["relayed", "relayed"]
+    assert [h[0] for h in report["best_route"]["hops"]] == [h0.peer_id, h1.peer_id]
     got = chat_in(lab, lab.sites["client"], smollm2_path, dht.maddrs, PROMPT, N_NEW)
     assert got["text"] == oracle(smollm2_path, PROMPT, N_NEW)
     t = got["telemetry"]
