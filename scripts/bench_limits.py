@@ -37,7 +37,6 @@ sys.path.insert(0, str(ROOT))
 from swarm import Client  # noqa: E402
 from swarm.errors import SwarmError  # noqa: E402
 from swarm.ggml_bridge.slicing import read_span_layers  # noqa: E402
-from swarm.limits import SPAN_PROTOCOL  # noqa: E402
 from swarm.manifest import build_manifest  # noqa: E402
 from swarm.models import DEFAULT_MODEL, resolve_model  # noqa: E402
 from swarm.wire import Error, Forward, OpenOk, decode_frame, encode_frame  # noqa: E402
@@ -121,29 +120,13 @@ def fairness(path: Path, peer, tmp: Path, tokens: int, load: str) -> dict:
     }
 
 
-async def flood(c: RawClient, n: int, frame_bytes: int) -> list:
-    junk = b"\x05" + bytes(frame_bytes - 1)
-    streams = [await c.dht.transport.open_stream(c.peer.peer_id, c.peer.maddrs, SPAN_PROTOCOL) for _ in range(n)]
-
-    async def one(s):
-        try:
-            await s.send(junk)
-            return decode_frame(await s.recv(300))
-        except SwarmError:  # refused unread: the peer answered and hung up while the frame was sent
-            said = await s.last_words()
-            return decode_frame(said) if said is not None else None
-        finally:
-            await s.close()
-
-    return await asyncio.gather(*(one(s) for s in streams))
-
 
 def frames(peer, port: int, tmp: Path) -> dict:
     clients = [RawClient(peer, "00", fresh(tmp, f"flood{i}")) for i in range(6)]
     try:
         before = rss_bytes(peer.proc.pid)
         t0 = time.perf_counter()
-        futs = [asyncio.run_coroutine_threadsafe(flood(c, 4, 60 << 20), c.loop.loop) for c in clients]
+        futs = [asyncio.run_coroutine_threadsafe(c.flood(4, 60 << 20, timeout_s=300), c.loop.loop) for c in clients]
         peak = before
         while not all(f.done() for f in futs):
             peak = max(peak, rss_bytes(peer.proc.pid))

@@ -3,6 +3,7 @@ arguments, raw span streams, and polling with a deadline. The oracles are in `or
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -14,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from swarm.client.loop import LoopThread
 from swarm.dht.node import SwarmDHT
+from swarm.errors import SwarmError
 from swarm.localswarm import PeerProcess, PeerSet, descendants, signal_tree, start_peer
 from swarm.p2p import PeerUnreachable, FramedStream
 from swarm.limits import SPAN_PROTOCOL
@@ -143,6 +145,26 @@ class RawClient:
         reply = self.ask(s, self.open_frame(max_tokens=max_tokens))
         assert opened(reply) == max_tokens
         return s
+
+    async def flood(self, n_frames: int, frame_bytes: int, timeout_s: float = 120.0) -> list:
+        """Send `n_frames` junk frames of `frame_bytes` at once, each on its own span stream (run on
+        this client's loop). Returns each stream's answer (an `Error` frame when refused), or None
+        when the peer hung up without one."""
+        junk = b"\x05" + bytes(frame_bytes - 1)
+        streams = [await self.dht.transport.open_stream(self.peer.peer_id, self.peer.maddrs, SPAN_PROTOCOL)
+                   for _ in range(n_frames)]
+
+        async def one(s):
+            try:
+                await s.send(junk)
+                return decode_frame(await s.recv(timeout_s))
+            except SwarmError:  # refused unread: the peer answered and hung up while the frame was sent
+                said = await s.last_words()
+                return decode_frame(said) if said is not None else None
+            finally:
+                await s.close()
+
+        return await asyncio.gather(*(one(s) for s in streams))
 
     def close(self) -> None:
         self.loop.run(self.dht.shutdown(), 30)

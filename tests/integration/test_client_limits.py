@@ -18,7 +18,6 @@ import pytest
 
 from swarm import Client
 from swarm.errors import SwarmError
-from swarm.limits import SPAN_PROTOCOL
 from swarm.manifest import build_manifest
 from swarm.peer.quotas import CLIENT_STREAMS, MAX_BUFFERED_BYTES
 from swarm.wire import Close, Error, ErrorCode, Forward, OpenOk, Token, decode_frame, encode_frame
@@ -137,31 +136,13 @@ def test_a_client_holding_32_streams_cannot_starve_another_clients_generation(li
     _close(greedy, streams)
 
 
-async def _flood(c: RawClient, n_frames: int, frame_bytes: int) -> list:
-    """Send `n_frames` frames of `frame_bytes` at once, each on its own stream; their answers."""
-    junk = b"\x05" + bytes(frame_bytes - 1)
-    streams = [await c.dht.transport.open_stream(c.peer.peer_id, c.peer.maddrs, SPAN_PROTOCOL)
-               for _ in range(n_frames)]
-
-    async def one(s):
-        try:
-            await s.send(junk)
-            return decode_frame(await s.recv(120))
-        except SwarmError:  # refused unread: the peer answered and hung up while the frame was sent
-            said = await s.last_words()
-            return decode_frame(said) if said is not None else None
-        finally:
-            await s.close()
-
-    return await asyncio.gather(*(one(s) for s in streams))
-
 
 def test_concurrent_huge_frames_never_hold_more_than_the_byte_budget(limited, tmp_path_factory):
     peer, port, _ = limited
     _idle(port)
     flooders = [RawClient(peer, "00", tmp_path_factory.mktemp(f"flood{i}")) for i in range(4)]
     try:
-        futures = [asyncio.run_coroutine_threadsafe(_flood(c, 3, 60 << 20), c.loop.loop) for c in flooders]
+        futures = [asyncio.run_coroutine_threadsafe(c.flood(3, 60 << 20), c.loop.loop) for c in flooders]
         answers = [a for f in futures for a in f.result(600)]
     finally:
         for c in flooders:
