@@ -5,7 +5,8 @@ Tasks (greedy; the text with speculation must equal the text without, and the sc
   copy:  a code file and the start of its copy: prompt-lookup drafts find most tokens in the prompt;
   novel: free prose, where prompt lookup finds little (the requantized self-draft of issue 25 is not
          built: this row measures what speculation costs when its drafts miss).
-Each (task, k) runs `--repeats` times after a warm-up; figures are medians. `passes_in_flight` is 1:
+Each (task, k) runs `--repeats` times after a warm-up, with k fixed and adaptive (swarm/spec/policy.py:
+0..k per pass as measured, 0 being plain decoding); figures are medians. `passes_in_flight` is 1:
 one verify pass at a time (pipelining is not built).
 
 RTT modes: `--rtt 0` (the default) runs a loopback swarm on 127.0.0.1 (three `swarm serve` processes
@@ -56,13 +57,15 @@ def run_client(model: str, initial_peers: list[str], k_values: list[int], n_deco
         client.generate(TASKS["novel"][:40], max_new_tokens=4)  # probes, streams and cost model warmed
         for task, prompt in TASKS.items():
             plain_text = None
-            for k in [0, *k_values]:
+            for k, adaptive in [(0, False), *((k, a) for k in k_values for a in (False, True))]:
+                client.adaptive_speculation = adaptive
                 runs = [client.generate(prompt, max_new_tokens=n_decode + 1, speculate=k)
                         for _ in range(repeats)]
                 s = [r.telemetry.speculation for r in runs]
                 row = {
                     "task": task,
                     "k": k,
+                    "adaptive": adaptive,
                     "decode_tok_s": round(statistics.median(r.telemetry.decode_tokens_per_s
                                                             for r in runs), 2),
                     "total_ms": round(statistics.median(r.telemetry.total_ms for r in runs), 1),

@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 
+LINGER_S = 2.0
+"""How long `FramedStream.linger_close` keeps reading after a refusal (s): long enough for a frame
+already in flight on a slow link to arrive, short enough that a sender that never stops costs little."""
+
 
 class StreamClosed(PeerUnreachable):
     """The remote side closed the stream cleanly, between two frames."""
@@ -233,6 +237,28 @@ class FramedStream:
             await self._writer.wait_closed()
         except (ConnectionError, OSError):
             pass
+
+    async def linger_close(self, linger_s: float = LINGER_S) -> None:
+        """Close after a refusal so that the refusal reaches the remote: stop sending, then read
+        and discard what the remote still sends until it hangs up or `linger_s` seconds pass.
+
+        Closing a socket with unread bytes in its receive buffer makes the kernel send a reset,
+        which can destroy the refusal frame before the remote reads it; RFC 9112 section 9.6
+        ("lingering close") gives the same advice to HTTP servers. The discarded bytes are never
+        buffered beyond one read.
+        """
+        self._release_frame()
+        if self._closed:
+            return
+        try:
+            if self._writer.can_write_eof():
+                self._writer.write_eof()
+            async with asyncio.timeout(linger_s):
+                while await self._reader.read(1 << 16):
+                    pass
+        except (TimeoutError, ConnectionError, OSError, RuntimeError):
+            pass  # the remote went away or kept sending: close either way
+        await self.close()
 
     async def __aenter__(self) -> "FramedStream":
         return self

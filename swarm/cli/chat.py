@@ -30,6 +30,9 @@ def register(sub) -> None:
     c.add_argument("--threads", type=int, default=None, help="compute threads (--local)")
     c.add_argument("--speculate", type=int, default=0, metavar="K",
                    help="speculative decoding with up to K drafted tokens per pass (swarm only; same text)")
+    c.add_argument("--fixed-k", action="store_true",
+                   help="with --speculate: always draft up to K, instead of the K (0 included) that the "
+                        "measured acceptance and pass times say is fastest")
     c.add_argument("--raw", action="store_true", help="send --prompt as is, without the chat template")
     c.add_argument(
         "--json", action="store_true", help="one-shot: print text and telemetry as one JSON object"
@@ -67,7 +70,8 @@ def _chat(args) -> int:
                            "over the route")
     if args.prompt is not None:
         _check_prompt(args.prompt)
-    client = Client(args.model, local=args.local, initial_peers=args.initial_peers, n_threads=args.threads)
+    client = Client(args.model, local=args.local, initial_peers=args.initial_peers, n_threads=args.threads,
+                    adaptive_speculation=not args.fixed_k)
     try:
         if args.prompt is not None:
             return _one_shot(client, args, sampling)

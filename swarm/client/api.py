@@ -32,6 +32,9 @@ class Client:
             grid, `swarm.numeric.UBATCH_TOKENS` (64).
         verify_group_rows: rows per step of a speculative verify pass (swarm/spec/verify.py); None
             (default): the largest group the route's peers proved exact at load.
+        adaptive_speculation: with `speculate` k, draft 0..k tokens per pass, as this generation's
+            measured acceptance and pass times say is fastest (swarm/spec/policy.py; 0 turns
+            speculation off while it would be slower); False: always up to k.
     Raises:
         RequestError: prefill_chunk_tokens off the grid (`swarm.numeric.check_chunk_tokens`).
         ModelError: the model cannot be found, fetched or loaded.
@@ -48,9 +51,11 @@ class Client:
         n_ctx: int | None = None,
         prefill_chunk_tokens: int = 256,
         verify_group_rows: int | None = None,
+        adaptive_speculation: bool = True,
     ):
         self.local = local
         self.verify_group_rows = verify_group_rows
+        self.adaptive_speculation = adaptive_speculation
         if local:
             from swarm.client.local import LocalEngine, open_local_model
 
@@ -212,7 +217,8 @@ class Client:
         sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         speculation = None
         if speculate:
-            speculation = Speculation(self._draft(), k=speculate, group_rows=self.verify_group_rows)
+            speculation = Speculation(self._draft(), k=speculate, group_rows=self.verify_group_rows,
+                                      adaptive=self.adaptive_speculation)
         req = GenerationRequest(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop),
                                 speculation=speculation)
         return TokenStream(self._engine, self.tokenizer, tokens, req, backend=self._backend)

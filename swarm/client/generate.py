@@ -6,7 +6,8 @@ turning tokens into UTF-8-safe text deltas, stop strings and end-of-generation t
 the Generation Telemetry record. It does not know where the engine computes.
 
 Speculative decoding (`GenerationRequest.speculation`): before each decode step the loop asks the
-draft for up to k tokens (`swarm.spec.verify.draft_budget`); with a draft, the engine session's
+draft for up to k tokens (`swarm.spec.verify.draft_budget`; by default the k that this generation's
+measurements say is fastest, 0 included: swarm/spec/policy.py); with a draft, the engine session's
 `verify` checks them in one pass and yields 1..k+1 tokens, each the token plain decoding would have
 produced; without one, it decodes one token. Only engine sessions with `verify` (the swarm's) can.
 """
@@ -24,6 +25,7 @@ from swarm.errors import RequestError
 from swarm.limits import MAX_CONTEXT_TOKENS, MAX_VERIFY_ROWS
 from swarm.sampling import SamplingParams
 from swarm.spec.draft import Draft
+from swarm.spec.policy import KPolicy, shadow_kept
 from swarm.spec.verify import Acceptance, draft_budget
 
 
@@ -37,11 +39,15 @@ class Speculation:
         group_rows: rows per step of a verify pass (swarm/spec/verify.py `verify_steps`); None: the
             largest group every hop proved exact at load (each row computes as its decode step would,
             bit for bit); 1: one-row steps; more: faster, exact only where the kernels allow.
+        adaptive: choose each pass's draft length in 0..k from the acceptance and pass times this
+            generation measured (swarm/spec/policy.py; 0 decodes plainly, so speculation turns
+            itself off where it would be slower); False drafts up to k on every step.
     """
 
     draft: Draft
     k: int = 4
     group_rows: int | None = None
+    adaptive: bool = True
 
 
 @dataclass(frozen=True)
@@ -250,17 +256,41 @@ class TokenStream:
             self.telemetry.speculation = Acceptance()
         step = session.prefill(self._prompt)
         yield step
+        policy = KPolicy(spec.k) if spec is not None and spec.adaptive else None
+        shadow: tuple[list[int], int] | None = None  # a shadow draft and where it starts in self.tokens
         while True:
-            k = draft_budget(spec.k, len(self.tokens), self._req.max_new_tokens) if spec else 0
-            draft = spec.draft.propose(self._prompt + self.tokens, k)[:k] if k else []
+            if shadow is not None and (kept := shadow_kept(shadow[0], self.tokens[shadow[1]:])) is not None:
+                policy.observe_acceptance(len(shadow[0]), kept)
+                shadow = None
+            budget = draft_budget(spec.k, len(self.tokens), self._req.max_new_tokens) if spec else 0
+            k = budget if policy is None else min(budget, policy.choose())
+            draft = self._propose(k, policy)
+            if not draft and policy is not None and budget and not k and shadow is None and policy.wants_shadow():
+                if proposal := self._propose(budget, policy):
+                    shadow = (proposal, len(self.tokens))
+            t0 = time.perf_counter()
             if not draft:
                 step = session.decode(step.token)
+                if policy is not None:
+                    policy.observe_pass(0, 0, (time.perf_counter() - t0) * 1000.0)
                 yield step
                 continue
             new = verify(step.token, draft, spec.group_rows)
+            if policy is not None:
+                policy.observe_pass(len(draft), len(new) - 1, (time.perf_counter() - t0) * 1000.0)
             self.telemetry.speculation.add(len(draft), len(new) - 1)
             for step in new:
                 yield step
+
+    def _propose(self, k: int, policy: KPolicy | None) -> list[int]:
+        """Up to `k` drafted tokens after the text so far ([] for k = 0), timed for `policy`."""
+        if not k:
+            return []
+        t0 = time.perf_counter()
+        draft = self._req.speculation.draft.propose(self._prompt + self.tokens, k)[:k]
+        if policy is not None:
+            policy.observe_draft(len(draft), (time.perf_counter() - t0) * 1000.0)
+        return draft
 
     def run(self) -> Generation:
         """Consume the stream and return the finished generation."""

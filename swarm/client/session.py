@@ -571,8 +571,7 @@ class RouteSession:
                 raise
             opened: list[_Hop] = []
             try:
-                for h in hops:
-                    opened.append(await self._open_hop(h, spans[h.peer_id]))
+                opened = await self._open_hops(hops, spans)
                 restore = restore_point([h.restorable for h in opened], base, self.pos,
                                         self._offers[-1][0] if self._offers else None)
                 for h in opened:
@@ -637,6 +636,25 @@ class RouteSession:
             unreachable=frozenset(self._exclusions.liveness_suspects(now)),
         )
         return plan.hops, {s.peer_id: s for s in spans}
+
+    async def _open_hops(self, hops: tuple[Hop, ...], spans: dict[str, PeerSpan]) -> list[_Hop]:
+        """Open every hop of a plan at once, in route order. Each open costs round trips (dial, stream,
+        Open/OpenOk), several on a WAN; opening hops in turn would add them up in the TTFT.
+        Raises:
+            _HopFailed: the first hop in route order that failed (every other failed hop is excluded
+                here; the hops that opened are dropped)."""
+        results = await asyncio.gather(*(self._open_hop(h, spans[h.peer_id]) for h in hops),
+                                       return_exceptions=True)
+        opened = [r for r in results if isinstance(r, _Hop)]
+        errors = [r for r in results if not isinstance(r, _Hop)]
+        if not errors:
+            return opened
+        for hop in opened:
+            await self._drop(hop.link)
+        for e in errors[1:]:
+            if isinstance(e, _HopFailed):
+                self._exclusions.add(e.span.peer_id, failure_reason(e.error), self._now(), e.span.incarnation)
+        raise errors[0]
 
     async def _open_hop(self, h: Hop, span: PeerSpan) -> _Hop:
         spec = self.spec

@@ -127,6 +127,9 @@ async def _counted(streams: PeerStreams, stream: FramedStream, serve: Callable) 
         await serve()
     except FrameRefused as e:
         await send_error(stream, ErrorCode.BUSY, str(e))
+        # the refused frame's body is still arriving: a plain close would reset the connection
+        # and could destroy the refusal before the client reads it
+        await stream.linger_close()
     finally:
         await stream.close()  # gives back the bytes of the frame it was serving
         streams.ledger.close_stream(client)

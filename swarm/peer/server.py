@@ -51,6 +51,7 @@ from swarm.relay.registrar import RelayRegistrar
 from swarm.relay.rules import relay_roles
 from swarm.relay.service import RelayServer, publish_forever
 from swarm.reach import DialBackResponder, ReachabilityMonitor
+from swarm.reach_rules import PRIVATE
 from swarm.wire import Error, ErrorCode, encode_frame
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,9 @@ async def serve(
             port=net.port,
             data_dir=cfg.data_dir,
             public_address=net.public_address,
+            # a peer nobody can dial must not sit in others' DHT routing tables: every lookup that
+            # tried it would wait out a timeout
+            client_mode=cfg.reachability == PRIVATE,
         )
     except BaseException:
         for server in (direct, relay):
@@ -223,14 +227,16 @@ async def _dial_push(transport, identity: RelayIdentity, peer_id: str, addrs: tu
 
 
 async def _dialback_helpers(dht: SwarmDHT, initial_peers, model_id: str) -> list[tuple[str, tuple[str, ...]]]:
-    """Peers to ask for a dial-back: the initial peers, then the model's other announced peers."""
+    """Peers to ask for a dial-back: the initial peers, then the model's other announced peers, except
+    those that announce themselves private: nobody can dial them, so asking one costs a full timeout."""
     helpers: dict[str, tuple[str, ...]] = {}
     for maddr in initial_peers:
         if "/p2p/" in maddr:
             helpers.setdefault(maddr.rsplit("/p2p/", 1)[1], ())
             helpers[maddr.rsplit("/p2p/", 1)[1]] += (maddr,)
     for ann in await dht.get_announcements(model_id):
-        helpers.setdefault(ann.peer_id, ann.addrs)
+        if ann.reachability != PRIVATE:
+            helpers.setdefault(ann.peer_id, ann.addrs)
     helpers.pop(dht.peer_id, None)
     return list(helpers.items())
 

@@ -3,6 +3,8 @@
 Files:
     draft.py: the `Draft` interface (`propose(tokens, k) -> list[int]`) and `PromptLookup`, drafts
         from n-grams of the prompt and the text so far (no model).
+    policy.py: pure — `KPolicy`, the draft length of each pass (0..k) from the acceptance and pass
+        times a generation measured, so speculation turns itself off where it would be slower.
     verify.py: pure — the rows of a verify pass, the steps they are computed as, the accepted prefix
         of a draft given the tokens the last span sampled for every row, and the acceptance counts.
 

@@ -139,7 +139,7 @@ def test_a_client_holding_32_streams_cannot_starve_another_clients_generation(li
 
 def test_concurrent_huge_frames_never_hold_more_than_the_byte_budget(limited, tmp_path_factory):
     peer, port, _ = limited
-    _idle(port)
+    before = _idle(port)
     flooders = [RawClient(peer, "00", tmp_path_factory.mktemp(f"flood{i}")) for i in range(4)]
     try:
         futures = [asyncio.run_coroutine_threadsafe(c.flood(3, 60 << 20), c.loop.loop) for c in flooders]
@@ -154,4 +154,8 @@ def test_concurrent_huge_frames_never_hold_more_than_the_byte_budget(limited, tm
         # read and refused as a malformed frame, or refused unread at the client's own budget
         assert isinstance(a, Error), a
         assert a.code == ErrorCode.PROTOCOL or (a.code == ErrorCode.BUSY and "client_bytes" in a.message), a
+    # Every refusal the peer counted reached its client: the peer lingers after refusing, so the
+    # unread rest of the frame does not reset the stream before the client reads the reason.
+    refused = m.get(REFUSED % "client_bytes", 0) - before.get(REFUSED % "client_bytes", 0)
+    assert refused >= 1 and sum(a.code == ErrorCode.BUSY for a in answers) == refused
     assert m["swarm_peer_buffered_bytes"] == 0

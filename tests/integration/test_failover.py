@@ -137,7 +137,7 @@ def test_a_speculating_generation_survives_its_middle_peer_killed(swarm, expecte
     # verify passes of prompt-lookup drafts; kill -9 after 5 deltas: the replacement replays exactly
     # the kept rows (rejected ones were cut from the recorded steps), and the text is unchanged
     swarm.heal()
-    with Client(str(swarm.model_path), initial_peers=[swarm.join]) as client:
+    with Client(str(swarm.model_path), initial_peers=[swarm.join], adaptive_speculation=False) as client:
         got, victim = generate_breaking_the_middle(swarm, client, signal.SIGKILL, speculate=4)
     assert got.text == expected
     [f] = got.telemetry.failovers

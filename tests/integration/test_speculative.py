@@ -37,7 +37,8 @@ def speculated(client: Client, prompt: str, k: int = 4, **kw):
 @pytest.mark.parametrize("k", [1, 4])
 @pytest.mark.parametrize("prompt", [PROMPT, COPY_PROMPT], ids=["parity", "copy"])
 def test_greedy_speculative_tokens_equal_plain_decoding(smol_swarm, smollm2_path, prompt, k):
-    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs) as client:
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs,
+                adaptive_speculation=False) as client:
         plain = client.generate(prompt, max_new_tokens=N_NEW)
         got = speculated(client, prompt, k)
     assert got.tokens == plain.tokens
@@ -48,12 +49,26 @@ def test_greedy_speculative_tokens_equal_plain_decoding(smol_swarm, smollm2_path
     assert s.accepted + s.passes + 1 <= len(got.tokens)
 
 
+@pytest.mark.parametrize("prompt", [PROMPT, COPY_PROMPT], ids=["parity", "copy"])
+def test_adaptive_draft_length_keeps_the_plain_tokens(smol_swarm, smollm2_path, prompt):
+    # The policy (swarm/spec/policy.py) mixes plain steps, shadow drafts and passes of 1..k rows as
+    # its measurements say: whatever it picks, the tokens are plain decoding's.
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs) as client:
+        plain = client.generate(prompt, max_new_tokens=N_NEW)
+        got = client.generate(prompt, max_new_tokens=N_NEW, speculate=4)
+    assert got.tokens == plain.tokens
+    s = got.telemetry.speculation
+    # the first decode step is plain and the next pass drafts (to time both): at least one pass
+    assert s.passes >= 1 and s.accepted + s.passes + 1 <= len(got.tokens)
+
+
 @pytest.mark.parametrize("seed", [1, 7, 12345])
 def test_seeded_sampling_speculative_text_equals_plain_sampling(smol_swarm, smollm2_path, seed):
     # the last span draws every row with the seed of its position, as a decode step does: a kept
     # drafted token is the token plain sampling draws there (swarm/spec/verify.py)
     sampling = dict(temperature=0.8, top_p=0.95, seed=seed)
-    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs) as client:
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs,
+                adaptive_speculation=False) as client:
         plain = client.generate(COPY_PROMPT, max_new_tokens=N_NEW, **sampling)
         got = speculated(client, COPY_PROMPT, **sampling)
     assert got.tokens == plain.tokens
@@ -70,7 +85,8 @@ def qwen_swarm(qwen_path, tmp_path_factory):
 
 @pytest.mark.parametrize("prompt", [PROMPT, COPY_PROMPT], ids=["parity", "copy"])
 def test_greedy_speculative_tokens_equal_plain_decoding_on_qwen(qwen_swarm, qwen_path, prompt):
-    with Client(str(qwen_path), initial_peers=qwen_swarm.started[0].maddrs) as client:
+    with Client(str(qwen_path), initial_peers=qwen_swarm.started[0].maddrs,
+                adaptive_speculation=False) as client:
         plain = client.generate(prompt, max_new_tokens=N_NEW)
         got = speculated(client, prompt)
     assert got.tokens == plain.tokens

@@ -1,0 +1,77 @@
+"""The adaptive draft length (swarm/spec/policy.py): pure decisions from fed measurements."""
+
+from __future__ import annotations
+
+import pytest
+
+from swarm.spec.policy import KPolicy, expected_tokens, shadow_kept
+
+pytestmark = pytest.mark.quick
+
+
+def test_expected_tokens_is_the_geometric_sum():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def _trained(step_ms: float, row_ms: float, drafted: int, kept: int, passes: int = 20) -> KPolicy:
+    """A policy fed `passes` plain steps and verify passes of `drafted` rows keeping `kept`."""
+    p = KPolicy(k_max=4)
+    for _ in range(passes):
+        p.observe_pass(0, 0, step_ms)
+        p.observe_pass(drafted, kept, step_ms + drafted * row_ms)
+    return p
+
+
+def test_explores_a_plain_step_then_a_full_draft_before_it_can_fit():
+    p = KPolicy(k_max=4)
+    assert p.choose() == 0
+    p.observe_pass(0, 0, 10.0)
+    assert p.choose() == 4
+
+
+def test_round_trips_dominating_a_pass_draft_the_most():
+    # a WAN: a pass is 150 ms of round trips, a drafted row 1 ms; acceptance 0.9
+    p = _trained(150.0, 1.0, 4, 4)
+    p.observe_acceptance(10, 9)
+    assert p.choose() == 4
+
+
+def test_low_acceptance_where_rows_cost_like_steps_turns_speculation_off():
+    # one machine's loopback: a drafted row costs almost a step, and drafts are rarely accepted
+    p = _trained(10.0, 8.0, 4, 0)
+    assert p.acceptance < 0.1
+    assert p.choose() == 0
+
+
+def test_the_draft_models_own_cost_counts_against_long_drafts():
+    cheap = _trained(20.0, 1.0, 4, 2)
+    costly = _trained(20.0, 1.0, 4, 2)
+    for _ in range(10):
+        costly.observe_draft(4, 40.0)  # 10 ms per drafted token
+    assert cheap.choose() > costly.choose()
+
+
+def test_shadow_drafts_bring_speculation_back_when_the_text_turns_to_copying():
+    p = _trained(10.0, 8.0, 4, 0)
+    assert p.choose() == 0
+    wanted = [p.wants_shadow() for _ in range(16)]
+    assert wanted.count(True) == 2 and wanted[p.probe_every - 1]
+    for _ in range(30):  # shadows that the decoded text confirms in full
+        p.observe_acceptance(4, 4)
+    assert p.acceptance > 0.9 and p.choose() > 0
+
+
+def test_shadow_kept_waits_for_enough_decoded_tokens():
+    assert shadow_kept([5, 6, 7], [5, 6]) is None
+    assert shadow_kept([5, 6, 7], [5, 6, 7, 8]) == 3
+    assert shadow_kept([5, 6, 7], [5, 9]) == 1
+    assert shadow_kept([5, 6, 7], [4]) == 0
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError):
+        KPolicy(k_max=0)
+    with pytest.raises(ValueError):
+        KPolicy(k_max=4, probe_every=0)
