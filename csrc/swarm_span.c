@@ -164,7 +164,13 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
     cp.n_batch         = p->n_batch;
     cp.n_ubatch        = p->n_ubatch;
     cp.n_seq_max       = p->n_seq_max;
-    cp.n_threads       = p->n_threads;
+    // One-row ubatches (decode steps) run on 1 thread, multi-row ones on n_threads (llama.cpp picks
+    // n_threads for a ubatch of one token, n_threads_batch otherwise). ggml's CPU flash attention
+    // splits a one-row query's KV cells across the threads once the view holds >= 512 cells and sums
+    // the partials, so a decode step's logits would depend on the thread count (measured: up to
+    // 0.77 logits on SmolLM2, 17 on Gemma-3); multi-row ubatches split by rows and do not.
+    // The numeric contract (swarm/numeric.py) decodes at 1 thread on every path.
+    cp.n_threads       = 1;
     cp.n_threads_batch = p->n_threads;
     cp.flash_attn_type = (enum llama_flash_attn_type) p->flash_attn;
     // One KV stream per sequence (n_ctx / n_seq_max cells each): a sequence's cells start at cell 0

@@ -52,7 +52,8 @@ struct swarm_span_params {
     uint32_t     n_ctx;          // KV cells in all; each sequence gets n_ctx / n_seq_max of them (llama.cpp
                                  // rounds; swarm_span_n_ctx / swarm_span_n_ctx_seq give the result)
     uint32_t     n_seq_max;      // sequences (sessions), 1..256
-    int32_t      n_threads;      // CPU threads for decode and prefill, >= 1
+    int32_t      n_threads;      // CPU threads for multi-row ubatches (prefill, batches), >= 1;
+                                 // one-row ubatches always run on 1 thread (numeric contract)
     uint32_t     n_batch;        // max tokens per llama_decode call; longer steps are split
     uint32_t     n_ubatch;       // physical batch, <= n_batch
     int32_t      flash_attn;     // 0 off (llama-cpp-python's default), 1 on, -1 llama.cpp auto

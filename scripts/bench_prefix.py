@@ -25,6 +25,7 @@ import llama_cpp
 from swarm import Client
 from swarm.localswarm import PeerSet
 from swarm.models import resolve_model
+from swarm.numeric import UBATCH_TOKENS
 
 SYSTEM = "".join(
     f"Rule {i}: when the user asks about topic {i}, answer politely, concisely and only with facts.\n"
@@ -43,7 +44,9 @@ def serve(path: Path, layers: str, *extra: str) -> tuple[str, ...]:
 
 
 def oracle(path: Path, prompt: str, n: int) -> str:
-    llm = llama_cpp.Llama(str(path), n_ctx=2048, n_threads=2, flash_attn=True, verbose=False)
+    # decode steps on 1 thread, as the numeric contract runs them (swarm/numeric.py)
+    llm = llama_cpp.Llama(str(path), n_ctx=2048, n_threads=1, n_threads_batch=2, n_ubatch=UBATCH_TOKENS,
+                          flash_attn=True, verbose=False)
     try:
         return llm.create_completion(prompt, max_tokens=n, temperature=0.0)["choices"][0]["text"]
     finally:

@@ -4,7 +4,8 @@
 #   scripts/test.sh model   + models in-process: tests/model and tests/parity (`-m "not peers"`)
 #   scripts/test.sh [all]   + real peers on 127.0.0.1: tests/integration; the default, what CI runs
 # The markers come from tests/helpers/markers.py. Further arguments go to pytest
-# (scripts/test.sh model -x -k chain). The wall time is printed after pytest's summary line.
+# (scripts/test.sh model -x -k chain); test paths among them (scripts/test.sh all tests/unit/x.py)
+# run instead of the whole tests/ tree. The wall time is printed after pytest's summary line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
@@ -15,9 +16,14 @@ quick) select=(-m quick) ;;
 model) select=(-m "not peers") ;;
 all) select=() ;;
 esac
+# tests/ only when no test path is given: pytest would run a named file and then the whole tree
+paths=(tests)
+for arg in "$@"; do
+  case $arg in tests/* | ./tests/*) paths=() ;; esac
+done
 start=$SECONDS
 rc=0
-.venv/bin/python -m pytest -q -p no:cacheprovider ${select[@]+"${select[@]}"} "$@" tests || rc=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider ${select[@]+"${select[@]}"} "$@" ${paths[@]+"${paths[@]}"} || rc=$?
 took=$((SECONDS - start))
 echo "scripts/test.sh $tier: wall time $((took / 60)) min $((took % 60)) s"
 exit $rc

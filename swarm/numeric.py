@@ -8,19 +8,31 @@ already differs). So every path groups rows alike:
 
 - a prompt's rows are computed in ubatches of `UBATCH_TOKENS` rows at positions [k·G, (k+1)·G)
   (G = UBATCH_TOKENS; the last ubatch holds the rest), each ubatch one sequence's rows alone;
-- every generated token is computed as a one-row step (several sessions' one-row steps may share a
-  llama_decode only where the peer measured that sharing changes no row: swarm/peer/scheduler.py).
+- every generated token is computed as a one-row step on 1 thread (several sessions' one-row steps
+  may share a llama_decode only where the peer measured that sharing changes no row:
+  swarm/peer/scheduler.py); multi-row ubatches run on any number of threads.
 
-The local backend (swarm/client/local.py) sets llama.cpp's n_ubatch to G and feeds the prompt in
-batches of a multiple of G from position 0; a peer's executor runs ubatches of G rows and cuts a
-multi-row step into chunks of G from the step's start; the client starts every prefill frame at a
-multiple of G (`check_chunk_tokens`); prefix restores happen at multiples of G
+Why 1 thread for a one-row step: ggml's CPU flash attention splits a single query row's KV cells
+across the threads once the attention view holds 512 cells or more (llama.cpp pads the view to a
+multiple of 256, so past 256 cached tokens) and adds the per-thread partial sums, so the sum's
+rounding, and the logits, depend on the thread count (measured, a 2-thread against a 1-thread decode
+step: up to 0.77 logits on SmolLM2, 0.47 on Qwen2.5-0.5B, 17.3 on Gemma-3-270M). A multi-row ubatch
+is split across threads by rows, each row summed whole by one thread, so prefill is
+thread-independent. llama.cpp runs a ubatch of one token on its `n_threads` and a longer one on
+`n_threads_batch`: every path sets n_threads = 1 and n_threads_batch to its configured count.
+Switching flash attention off instead would remove the split but change the rows that speculative
+decoding's verify groups prove exact (swarm/peer/exact_rows.py), so it stays on.
+
+The local backend (swarm/client/local.py) sets llama.cpp's n_ubatch to G and n_threads to 1 and
+feeds the prompt in batches of a multiple of G from position 0; a peer's executor (csrc/swarm_span.c,
+also n_threads 1) runs ubatches of G rows and cuts a multi-row step into chunks of G from the step's
+start; the client starts every prefill frame at a multiple of G (`check_chunk_tokens`); prefix restores happen at multiples of G
 (swarm/kv/prefix.py: the hash block is G), and a failover replay re-sends each recorded step as it
 was first sent (swarm/route/replay.py). Each session's KV cells start at cell 0 of a KV stream of
 its own (llama.cpp `kv_unified = false`), as in a whole model holding one sequence. The output is
 then, token for token and logit for logit, llama.cpp's whole model run on one sequence with
 `n_ubatch = G`, flash attention on, the prompt evaluated from position 0 and each generated token
-decoded alone.
+decoded alone on 1 thread (`n_threads = 1`, `n_threads_batch` any).
 
 Why 64: scripts/bench_ubatch.py (docs/benchmarks.md, "The ubatch grid") measured whole-model prefill
 on 2 cores at 64 rows within about 10% of 128, 256 and 512 (which are within noise of each other),

@@ -43,7 +43,7 @@ class ApiConfig:
         initial_peers: multiaddrs to join the swarm through (swarm only).
         host: listen address, an IPv4 or IPv6 literal.
         port: TCP port (0: any free port; the ready line on stderr says which).
-        n_threads: llama.cpp threads (local only; None: all cores).
+        n_threads: llama.cpp prompt threads (local only; None: all cores; decode runs on 1).
         status_period_s: seconds between reads of the swarm's announcements for the health page.
     """
 

@@ -14,7 +14,7 @@ def register(sub) -> None:
     ap.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR", help="peers to join through")
     ap.add_argument("--host", default="127.0.0.1", help="HTTP listen address, an IP literal")
     ap.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000; 0: any free port)")
-    ap.add_argument("--threads", type=int, default=None, help="compute threads (--local)")
+    ap.add_argument("--threads", type=int, default=None, help="prompt threads (--local; each generated token runs on 1)")
     ap.add_argument("--status-period", type=float, default=2.0, help="seconds between health-page reads")
     ap.set_defaults(func=_api)
 

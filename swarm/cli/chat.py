@@ -27,7 +27,7 @@ def register(sub) -> None:
     c.add_argument("--top-p", type=float, default=1.0)
     c.add_argument("--top-k", type=int, default=0)
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--threads", type=int, default=None, help="compute threads (--local)")
+    c.add_argument("--threads", type=int, default=None, help="prompt threads (--local; each generated token runs on 1)")
     c.add_argument("--speculate", type=int, default=0, metavar="K",
                    help="speculative decoding with up to K drafted tokens per pass (swarm only; same text)")
     c.add_argument("--fixed-k", action="store_true",

@@ -58,7 +58,7 @@ def register(sub) -> None:
         help="KV-cache tokens in all; each session holds at most cache-tokens / max-sessions of them "
         "(rounded up to a multiple of 256; 2,048 with the defaults), its longest prompt + generation",
     )
-    s.add_argument("--threads", type=int, default=1, help="llama.cpp compute threads")
+    s.add_argument("--threads", type=int, default=1, help="llama.cpp threads for prefill and batched steps (a one-token step runs on 1)")
     s.add_argument("--announce-period", type=float, default=30.0, help="seconds between DHT refreshes")
     s.add_argument("--public-name", default=None)
     s.add_argument(

@@ -26,7 +26,8 @@ class Client:
         model: a known model name (`swarm models list`), a `.gguf` path, or (swarm only) a model_id.
         local: run the whole model in this process instead of on the swarm.
         initial_peers: multiaddrs of swarm peers to join the DHT through (swarm only).
-        n_threads: llama.cpp compute threads (local only); default all cores.
+        n_threads: llama.cpp threads for prompt ubatches (local only); default all cores. Each
+            generated token runs on 1 thread (the numeric contract, swarm/numeric.py).
         n_ctx: KV-cache tokens (local only); default the model's context, capped at 131,072.
         prefill_chunk_tokens: prompt tokens per prefill frame (swarm only): a multiple of the ubatch
             grid, `swarm.numeric.UBATCH_TOKENS` (64).

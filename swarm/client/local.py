@@ -6,9 +6,10 @@ swarm generation with the same seed draw the same tokens.
 
 Numbers follow the numeric contract (swarm/numeric.py): a prompt is computed in ubatches of
 `UBATCH_TOKENS` rows from position 0 (llama.cpp n_ubatch; batches of `PREFILL_BATCH_TOKENS`, a
-multiple of it, per llama_decode), each generated token alone, and each session's KV cells start
-at cell 0 of a KV cache of its own. So a local generation equals a swarm route's, and llama.cpp's
-whole model run on one sequence with n_ubatch = UBATCH_TOKENS.
+multiple of it, per llama_decode) on `n_threads` threads, each generated token alone on 1 thread
+(llama.cpp's n_threads = 1, n_threads_batch = n_threads), and each session's KV cells start at cell 0
+of a KV cache of its own. So a local generation equals a swarm route's, and llama.cpp's whole model
+run on one sequence with n_ubatch = UBATCH_TOKENS and one-row steps on 1 thread.
 
 Several sessions at once: each session gets a llama.cpp context of its own (one sequence, KV cells
 for its reserved tokens rounded up to `CONTEXT_CELL_STEP`), all sharing the loaded weights. In one
@@ -70,7 +71,9 @@ def open_local_model(path: Path, n_threads: int | None = None) -> llama_cpp.Llam
 
     Args:
         path: a `.gguf` file.
-        n_threads: compute threads; default all usable cores.
+        n_threads: threads for the prompt's multi-row ubatches; default all usable cores. Each
+            generated token runs on 1 thread whatever this says (swarm/numeric.py: a one-row step's
+            logits depend on its thread count).
     Returns:
         llama_cpp.Llama: the model and its vocabulary; `LocalEngine` builds the sessions' contexts
             from its `context_params` (threads, flash attention). Use it through `LocalEngine` and
@@ -83,13 +86,14 @@ def open_local_model(path: Path, n_threads: int | None = None) -> llama_cpp.Llam
         raise RequestError(f"n_threads must be an integer in [1, 1024], got {n_threads!r:.40}")
     threads = n_threads or default_threads()
     # llama_cpp.Llama always builds a context: a minimal one (1-token batches, so no real compute
-    # buffer) that no session uses. Flash attention as on the peers' executors and in the oracle.
+    # buffer) that no session uses. Flash attention and threads as on the peers' executors and in
+    # the oracle: llama.cpp runs a one-token ubatch on n_threads, a longer one on n_threads_batch.
     return load_llama(
         path,
         n_ctx=_SCRATCH_CTX_TOKENS,
         n_batch=1,
         n_ubatch=1,
-        n_threads=threads,
+        n_threads=1,
         n_threads_batch=threads,
         flash_attn=True,
     )

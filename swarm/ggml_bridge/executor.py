@@ -37,7 +37,9 @@ class ExecutorConfig:
         n_ctx_tokens: KV cells (tokens) in all; each sequence gets n_ctx_tokens / n_seq_max of them
             (llama.cpp rounds; `SpanExecutor.n_ctx_seq_tokens` is the result).
         n_seq_max: sequences (sessions) the executor holds at once, 1..256; ids are 0..n_seq_max-1.
-        n_threads: CPU threads for llama.cpp.
+        n_threads: CPU threads for llama.cpp's multi-row ubatches (prefill, batched steps); a
+            one-row ubatch (a decode step) runs on 1 thread, as the numeric contract wants
+            (swarm/numeric.py: flash attention's one-row sums depend on the thread count).
         is_last: the span ends at the model's last layer: forward returns logits.
         capture_name: boundary tensor name from the arch row (non-last spans).
         capture_layer: block index inside the span file whose output is captured (n_layers_in_span-1).
@@ -147,7 +149,7 @@ class SpanExecutor:
 
     @property
     def n_threads(self) -> int:
-        """llama.cpp compute threads of this executor."""
+        """llama.cpp compute threads of this executor's multi-row ubatches (one-row ones run on 1)."""
         return self._config.n_threads
 
     @property

@@ -36,7 +36,8 @@ class ServeConfig:
         max_sessions: concurrent sessions (llama.cpp sequences).
         cache_tokens: KV-cache tokens in all; each session's own KV stream holds cache_tokens /
             max_sessions of them (llama.cpp rounds up to a multiple of 256), its longest length.
-        n_threads: llama.cpp compute threads.
+        n_threads: llama.cpp threads for multi-row steps (prefill, batches); a one-row decode step
+            runs on 1 thread (the numeric contract, swarm/numeric.py).
         memory_bytes: bytes for the span's weights and KV cache, which size the span when `layers`
             is None (`swarm.kv.budget.SpanBudget`).
         max_layers: an extra cap on the span's length when `layers` is None (None: memory decides).

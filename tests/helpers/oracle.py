@@ -3,7 +3,8 @@ swarm, span chain and local backend output is compared with.
 
 Every oracle runs under the numeric contract (swarm/numeric.py): flash attention, one sequence, the
 prompt in ubatches of `UBATCH_TOKENS` rows from position 0 (llama.cpp n_ubatch), each generated token
-decoded alone. Three kinds, each computed once per session for the same inputs, each loading a model once:
+decoded alone on 1 thread (llama.cpp n_threads = 1; the prompt's ubatches run on n_threads_batch).
+Three kinds, each computed once per session for the same inputs, each loading a model once:
 - `oracle(path, prompt, n)`: the greedy completion text (`create_completion`, temperature 0).
 - `logits_oracle(path)`: logits of every prompt token, then N_DECODE greedy steps (the parity tests').
 - `contract_tokens(path, prompt_ids, n, temperature, seed)`: the token ids a generation gives, greedy
@@ -42,9 +43,10 @@ PROMPT = (
 
 @functools.cache
 def _llama(path: str, n_ctx: int, n_threads: int) -> llama_cpp.Llama:
-    """One loaded model per (file, context, threads) for the session; held until the process ends."""
-    return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_ubatch=UBATCH_TOKENS,
-                           flash_attn=True, verbose=False)
+    """One loaded model per (file, context, prompt threads) for the session; held until the process
+    ends. One-token ubatches run on 1 thread (n_threads), longer ones on `n_threads` (n_threads_batch)."""
+    return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=1, n_threads_batch=n_threads,
+                           n_ubatch=UBATCH_TOKENS, flash_attn=True, verbose=False)
 
 
 @functools.cache
@@ -54,14 +56,15 @@ def _completion(path: str, prompt: str, n: int, n_ctx: int, n_threads: int) -> s
     return llm.create_completion(prompt, max_tokens=n, temperature=0.0)["choices"][0]["text"]
 
 
-def oracle(path: Path | str, prompt: str, n: int, *, n_ctx: int = 1024, n_threads: int = 1) -> str:
+def oracle(path: Path | str, prompt: str, n: int, *, n_ctx: int = 1024, n_threads: int = N_THREADS) -> str:
     """llama.cpp's greedy completion of `prompt`: `n` new tokens at most, as text.
 
     Args:
         path: the whole model's GGUF file.
         prompt: the text to complete (tokenized by llama.cpp, with BOS where the model adds one).
         n: max new tokens.
-        n_ctx, n_threads: the `Llama` settings (flash attention is always on, as in the span executors).
+        n_ctx, n_threads: the `Llama` settings; n_threads serves the prompt's ubatches, each new token
+            runs on 1 thread (flash attention is always on, as in the span executors).
     Returns:
         the completion text; the same call later in the session returns the cached text.
     """
@@ -86,13 +89,14 @@ class Oracle:
 
 
 def run_oracle(model_path: Path, text: str = PROMPT) -> Oracle:
-    """Prompt + greedy decode on llama.cpp's whole model, token input (2 threads, flash attention,
-    otherwise default settings), on a model loaded for this run only: no cache (see `logits_oracle`).
+    """Prompt + greedy decode on llama.cpp's whole model, token input (prompt on N_THREADS threads,
+    decode steps on 1, flash attention, otherwise default settings), on a model loaded for this run
+    only: no cache (see `logits_oracle`).
 
     Raises:
         AssertionError: the prompt is shorter than 64 tokens (the parity tests cut prefills there).
     """
-    llm = llama_cpp.Llama(str(model_path), n_ctx=256, n_threads=N_THREADS, n_threads_batch=N_THREADS,
+    llm = llama_cpp.Llama(str(model_path), n_ctx=256, n_threads=1, n_threads_batch=N_THREADS,
                           n_ubatch=UBATCH_TOKENS, logits_all=True, flash_attn=True, verbose=False)
     try:
         prompt = llm.tokenize(text.encode(), add_bos=True)

@@ -10,6 +10,7 @@ swarm run for seeded sampling), and afterwards no live peer may hold a session.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 import threading
 import signal
 
@@ -22,10 +23,11 @@ from swarm.client.telemetry import GenerationTelemetry
 from swarm.sampling import SamplingParams
 from swarm.manifest import build_manifest
 
-from tests.helpers.oracle import oracle
+from tests.helpers.oracle import contract_tokens, oracle
 from tests.helpers.peers import PeerSet, serve_args, signal_tree, wait_for
 
 PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
+CONTRACT_TEXT = Path(__file__).resolve().parents[1] / "data" / "contract_prompt.txt"
 N_NEW = 48
 MIDDLES = ("m1", "m2")
 
@@ -94,9 +96,14 @@ def expected(smollm2_path) -> str:
     return oracle(smollm2_path, PROMPT, N_NEW)
 
 
-def generate_breaking_the_middle(swarm: Swarm, client: Client, sig: int, after: int = 5, **sampling):
-    """Generate N_NEW tokens; after `after` deltas break the routed middle peer with `sig`."""
-    stream = client.stream(PROMPT, max_new_tokens=N_NEW, **sampling)
+def generate_breaking_the_middle(swarm: Swarm, client: Client, sig: int, after: int = 5,
+                                 prompt: str | list[int] = PROMPT, **sampling):
+    """Generate N_NEW tokens after `prompt` (text or token ids); after `after` deltas break the
+    routed middle peer with `sig`."""
+    if isinstance(prompt, str):
+        stream = client.stream(prompt, max_new_tokens=N_NEW, **sampling)
+    else:
+        stream = client.stream_tokens(prompt, max_new_tokens=N_NEW, **sampling)
     victim = None
     for i, _ in enumerate(stream, 1):
         if i == after:
@@ -145,6 +152,22 @@ def test_a_speculating_generation_survives_its_middle_peer_killed(swarm, expecte
     assert f.replayed_tokens == f.position
     s = got.telemetry.speculation
     assert s.passes > 0 and s.accepted > 0
+    swarm.heal()
+
+
+def test_a_failover_after_a_long_prompt_gives_the_whole_model(swarm, smollm2_path):
+    """A 600-token prompt (past the 256 cached tokens where a one-row step's attention would depend on
+    the thread count, swarm/numeric.py), seeded, kill -9 of the middle peer after 5 tokens: the
+    replacement replays the recorded prefill frames and steps (after any prefix it restores), and
+    the tokens are still those of llama.cpp's whole model under the numeric contract."""
+    swarm.heal()
+    with Client(str(swarm.model_path), initial_peers=[swarm.join]) as client:
+        prompt = client.tokenizer.encode(CONTRACT_TEXT.read_text())[:600]
+        got, _ = generate_breaking_the_middle(swarm, client, signal.SIGKILL, prompt=prompt,
+                                              temperature=0.8, seed=1)
+    [f] = got.telemetry.failovers
+    assert f.restored_tokens + f.replayed_tokens == f.position >= 600 + 4
+    assert got.tokens == contract_tokens(smollm2_path, prompt, N_NEW, 0.8, 1)
     swarm.heal()
 
 

@@ -2,15 +2,13 @@
 
 Prompts of 200, 300, 600 and 1,100 tokens cut from one fixed text (tests/data/contract_prompt.txt,
 a copy of an early docs/architecture.md), SmolLM2, 48 new tokens, greedy and seeded (T 0.8, seed
-1): the local backend (`Client(local=True)`, a context per session) must give the token ids of
-llama.cpp's whole model run with n_ubatch = UBATCH_TOKENS (tests/helpers/oracle.py,
-`contract_tokens`), alone and as two interleaved streams. Before the grid was one, a 300-token
-prompt gave a different first token locally (llama.cpp's default 512-row ubatch) than on the swarm.
-
-Not asserted here yet: the swarm. On `smol_swarm` (0:10, 10:20, 20:30, 1 thread per peer), prefill
-chunk 64, prefixes off, the route parted from this oracle at token 7 (300 tokens, seeded), 8 and 6
-(600, greedy and seeded) and 4 (1,100, seeded); 200 tokens and 300 greedy were equal (measured,
-open: see README, "The numeric contract").
+1): the local backend (`Client(local=True)`, a context per session, the prompt on 2 threads, each
+new token on 1) must give the token ids of llama.cpp's whole model run with n_ubatch =
+UBATCH_TOKENS and decode steps on 1 thread (tests/helpers/oracle.py, `contract_tokens`), alone and
+as two interleaved streams; Gemma-3 270M too at 600 and 1,100 tokens, past its 512-token sliding
+window. Before the grid was one, a 300-token prompt gave a different first token locally
+(llama.cpp's default 512-row ubatch) than on the swarm. The swarm's side:
+tests/integration/test_numeric_contract_swarm.py.
 
 A prefill chunk off the grid is refused before the client joins anything.
 """
@@ -28,6 +26,7 @@ from tests.helpers.oracle import contract_tokens
 
 TEXT = Path(__file__).resolve().parents[1] / "data" / "contract_prompt.txt"
 LENGTHS = (200, 300, 600, 1100)
+GEMMA_LENGTHS = (600, 1100)  # past Gemma-3 270M's 512-token sliding window
 N_NEW = 48
 SAMPLINGS = {"greedy": (0.0, 0), "seeded": (0.8, 1)}  # (temperature, seed); greedy runs first
 
@@ -60,6 +59,23 @@ def test_local_backend_equals_the_whole_model(n, sampling, local, prompt_ids, sm
     assert len(want) == N_NEW  # no early end: every case compares 48 tokens
     got, _ = _tokens(local, ids, temperature, seed)
     assert got == want, f"local backend, {n}-token prompt, {sampling}"
+
+
+@pytest.fixture(scope="module")
+def gemma_local(gemma_path):
+    client = Client(str(gemma_path), local=True, n_ctx=2048, n_threads=2)
+    yield client
+    client.close()
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLINGS), ids=list(SAMPLINGS))
+@pytest.mark.parametrize("n", GEMMA_LENGTHS)
+def test_gemma_local_backend_equals_the_whole_model_across_its_window(n, sampling, gemma_local, gemma_path):
+    temperature, seed = SAMPLINGS[sampling]
+    ids = gemma_local.tokenizer.encode(TEXT.read_text())[:n]
+    want = contract_tokens(gemma_path, ids, N_NEW, temperature, seed)
+    got, _ = _tokens(gemma_local, ids, temperature, seed)
+    assert got == want, f"Gemma-3 local backend, {n}-token prompt, {sampling}"
 
 
 def test_a_prefill_chunk_off_the_grid_is_refused(smollm2_path):
