@@ -28,7 +28,9 @@ so checks never take more than one session slot per generation on the checkers.
 A caught peer is excluded by this client for `CheckPolicy.caught_exclusion_s`, recorded in the
 client's `Standing` (route pricing), in the generation's telemetry (`checks`) and in the evidence
 file `swarm status` reads (`EVIDENCE_FILE` under the client's data directory); the route session
-then drops it and rebuilds the route (`RouteSession` applies `take_caught` before its next step).
+then drops it, rebuilds the route and rolls it back to the token after the first row outside the
+band (`CheckEvent.first_outside`), which it recomputes (`RouteSession` applies `take_caught` before
+its next step).
 
 What is not checked: the last hop (it answers a token, not hidden states), hops that restored a
 prompt prefix from a snapshot (the checker would need the same restore), and hops whose span no

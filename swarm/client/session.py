@@ -42,6 +42,13 @@ only the rows after the longest prefix it can restore at or after the failed hop
 row; when it can restore none of them (the failed hop's rows before that were never recorded), the
 whole route is re-opened and replayed from the prompt's embedded rows (`prefix_rows`).
 
+Repair: a hop that the spot checks (swarm/client/checks.py) catch computing wrong is dropped before
+the next step; the whole route is rebuilt without it (every later hop's KV holds states computed
+from its rows), replayed from the first hop's recorded rows up to the token after the first wrong
+row (`swarm.route.verify.rewind_position`), and `step` raises `Rewound` with the rebuilt route's
+token there instead of running its rows, which came from text that may be wrong. The caller drops
+its tokens from that position on (swarm/client/generate.py).
+
 Speculative decoding: `step(x, verify=True)` sends a verify pass (swarm/spec/verify.py), whose
 last hop answers one sampled token per row, and `keep(n)` then keeps only the pass's first n rows:
 the recorded inputs of every hop are cut to them (a replacement replays exactly the kept rows), and

@@ -192,6 +192,8 @@ class GenerationTelemetry:
                 f"after {_generated(f.position, self.prompt_tokens)}: "
                 f"replayed {f.replayed_tokens} tokens, stall {f.stall_ms:.0f} ms"
             )
+            if f.rewound_to >= 0:
+                line += f", text repaired from generated token {max(0, f.rewound_to - self.prompt_tokens)} on"
         for c in self.checks:
             if c.verdict != "ok":
                 line += (
