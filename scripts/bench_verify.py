@@ -14,10 +14,14 @@ Reported (one JSON object on stdout; progress on stderr):
   liars: per lying mode (`SWARM_TEST_LIE`: noise on every step, on 1 in 10, on 1 in 100, a peer
       serving Q4_0, Q3_K_M and Q2_K requantizations), `--liar-runs` generations at the default check
       policy (seed = run number): the decode step whose check caught the liar (None: not caught in
-      `--liar-tokens` tokens), the checks of the liar's hop until then, the measured rel L2, and
-      whether the text equals llama.cpp's whole model.
+      `--liar-tokens` tokens), the checks of the liar's hop until then, the measured rel L2, the
+      generated token the text was rolled back to (the repair: the route rebuilt without the liar
+      recomputes from the token after its first wrong row), whether the stream had to withdraw
+      text it had given out (a `Correction`), and whether the final text equals llama.cpp's whole
+      model.
   cost: median decode tokens/s without checks and with the default policy (generations
-      alternating), and the relative cost.
+      alternating), and the relative cost; median TTFT of each, and with `verify_prefill` (off by
+      default: the prompt's rows are checked before the first token, waited for).
   receipt: microseconds to compute one step's receipt of one decode row.
 
     python scripts/bench_verify.py [--tokens 48] [--liar-runs 5] [--liar-tokens 64] [--cost-runs 8]
@@ -191,9 +195,12 @@ def liars(ps: PeerSet, path: Path, join: tuple[str, ...], want: str, args) -> di
             of_liar = [c for c in s.telemetry.checks if c.peer_id == liar.peer_id]
             caught = next((c for c in of_liar if c.verdict == "caught"), None)
             routed = [f.peer_id for f in s.telemetry.failovers] + [h.peer_id for h in s.telemetry.route]
+            rewound = [f.rewound_to for f in s.telemetry.failovers if f.rewound_to >= 0]
             runs.append({
                 "routed": liar.peer_id in routed,
                 "caught_at_decode_step": caught.decode_step if caught else None,
+                "rolled_back_to_token": rewound[0] - s.telemetry.prompt_tokens if rewound else None,
+                "corrections": len(s.corrections),
                 "checks_until_caught": of_liar.index(caught) + 1 if caught else len(of_liar),
                 "rel_l2": float(f"{caught.rel_l2:.3g}") if caught else None,
                 "cosine": round(caught.cosine, 6) if caught else None,
@@ -206,20 +213,28 @@ def liars(ps: PeerSet, path: Path, join: tuple[str, ...], want: str, args) -> di
         steps = [r["caught_at_decode_step"] for r in runs]
         out[mode] = {"runs": runs, "caught": sum(x is not None for x in steps),
                      "caught_within_50": sum(x is not None and x < 50 for x in steps),
-                     "text_equal": sum(r["text_equal"] for r in runs)}
+                     "text_equal": sum(r["text_equal"] for r in runs),
+                     "corrected": sum(r["corrections"] > 0 for r in runs)}
     return out
 
 
 def cost(engine, tokenizer, args) -> dict:
-    plain, checked = [], []
+    """Decode tokens/s and TTFT without checks, with the default policy, and with `verify_prefill`
+    (the prompt's rows checked before the first token), generations alternating."""
+    plain, checked, prefill = [], [], []
     for i in range(args.cost_runs):
         fresh_standing(engine)
-        plain.append(generate(engine, tokenizer, None, args.tokens).telemetry.decode_tokens_per_s)
-        checked.append(generate(engine, tokenizer, CheckPolicy(seed=i), args.tokens).telemetry.decode_tokens_per_s)
-    p, c = statistics.median(plain), statistics.median(checked)
+        plain.append(generate(engine, tokenizer, None, args.tokens).telemetry)
+        checked.append(generate(engine, tokenizer, CheckPolicy(seed=i), args.tokens).telemetry)
+        prefill.append(generate(engine, tokenizer, CheckPolicy(seed=i, verify_prefill=True), args.tokens).telemetry)
+    p, c = (statistics.median(t.decode_tokens_per_s for t in ts) for ts in (plain, checked))
+    ttft = [statistics.median(t.ttft_ms for t in ts) for ts in (plain, checked, prefill)]
     return {"plain_tokens_per_s": round(p, 1), "checked_tokens_per_s": round(c, 1),
             "cost_pct": round(100.0 * (1.0 - c / p), 1), "default_rate": CheckPolicy().rate,
-            "first_check_step": CheckPolicy().first_check_step}
+            "first_check_step": CheckPolicy().first_check_step,
+            "ttft_ms": {"plain": round(ttft[0], 1), "checked": round(ttft[1], 1),
+                        "verify_prefill": round(ttft[2], 1)},
+            "verify_prefill_ttft_cost_pct": round(100.0 * (ttft[2] / ttft[0] - 1.0), 1)}
 
 
 def main() -> int:

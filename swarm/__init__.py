@@ -45,7 +45,11 @@ def __getattr__(name: str):
         from swarm.client.api import Client
 
         return Client
+    if name == "Correction":
+        from swarm.client.generate import Correction
+
+        return Correction
     raise AttributeError(name)
 
 
-__all__ = ["Client", "__version__"]
+__all__ = ["Client", "Correction", "__version__"]

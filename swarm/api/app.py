@@ -9,7 +9,11 @@
 
 Every failure is an OpenAI-style body {"error": {...}} with a proper status (see
 `swarm.api.service.api_error`); a request body that does not validate is a 400. A stream that fails
-after its first event ends with an error event instead of `[DONE]`. A client that disconnects
+after its first event ends with an error event instead of `[DONE]`. When a peer is caught computing
+wrong, the generation is repaired (swarm/client/generate.py): a whole answer is simply the repaired
+text; a stream whose already-sent text the repair changed cannot take it back, and ends with the
+error event 502 `repaired_after_streaming` (the request may be sent again: the caught peer is left
+out of later routes). A client that disconnects
 cancels its generation, and the generation's sessions close on every peer.
 
 This module does not generate (swarm/api/service.py) or read the swarm (swarm/api/health.py).
@@ -34,6 +38,7 @@ from swarm.api import openai_schema as oa
 from swarm.api.health import HealthMonitor, health_page, status_json
 from swarm.api.metrics import ApiMetrics
 from swarm.api.service import GenerationJob, ModelService, api_error
+from swarm.client.generate import Correction
 
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 """Metric label of each generating route."""
@@ -296,6 +301,11 @@ async def _events(job: GenerationJob, first, answer: _Answer, include_usage: boo
         while True:
             if event.kind == "delta":
                 yield {"data": answer.delta(event.text)}
+            elif event.kind == "correction":
+                err = repaired_after_streaming(event.correction)
+                yield {"data": json.dumps(err.body())}
+                done(str(err.status))
+                return
             elif event.kind == "done":
                 reason = event.result.telemetry.finish_reason or "stop"
                 yield {"data": answer.finish(reason)}
@@ -315,10 +325,22 @@ async def _events(job: GenerationJob, first, answer: _Answer, include_usage: boo
         done("disconnected")  # a no-op after a normal end; else the client went away mid-stream
 
 
+def repaired_after_streaming(c: Correction) -> oa.ApiError:
+    """The error that ends a stream whose sent text a repair changed (see the module docstring)."""
+    return oa.ApiError(
+        502,
+        f"a peer of the route was caught computing wrong after {c.position} characters of this answer "
+        f"were sent; the repaired text differs from what was sent from there on ({len(c.text)} characters "
+        f"withdrawn). Send the request again: the peer is left out of later routes",
+        type="server_error",
+        code="repaired_after_streaming",
+    )
+
+
 async def _whole(job: GenerationJob, first, answer: _Answer, n_prompt: int, request: Request, done):
     """Collect a generation into one body; stop it if the client goes away meanwhile."""
     event = first
-    while event.kind == "delta":
+    while event.kind in ("delta", "correction"):  # the result holds the repaired text
         try:
             event = await asyncio.wait_for(job.next(), DISCONNECT_POLL_S)
         except TimeoutError:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from swarm.api.openai_schema import ApiError
 from swarm.client.api import Client
-from swarm.client.generate import Generation, TokenStream
+from swarm.client.generate import Correction, Generation, TokenStream
 from swarm.errors import Busy, NoRoute, RequestError, SessionTooLong, SwarmError
 from swarm.limits import MAX_CONTEXT_TOKENS
 
@@ -36,17 +36,21 @@ RETRY_AFTER_S = 5
 
 @dataclass(frozen=True)
 class Event:
-    """What a generation worker reports: a text delta, the finished generation, or its error.
+    """What a generation worker reports: a text delta, a correction of text already reported, the
+    finished generation, or its error.
 
     Attributes:
-        kind: "delta", "done" or "error".
+        kind: "delta", "correction", "done" or "error".
         text: the delta (kind "delta").
-        result: the finished generation (kind "done").
+        correction: text reported earlier that a repair changed (kind "correction": a peer was
+            caught computing wrong; swarm/client/generate.py).
+        result: the finished generation (kind "done"): its text is the repaired one.
         error: the exception (kind "error").
     """
 
     kind: str
     text: str = ""
+    correction: Correction | None = None
     result: Generation | None = None
     error: BaseException | None = None
 
@@ -95,10 +99,13 @@ class GenerationJob:
 
     def _work(self) -> None:
         try:
-            for delta in self.stream:
+            for item in self.stream:
                 if self._cancel.is_set():
                     break
-                self._emit(Event("delta", text=delta))
+                if isinstance(item, Correction):
+                    self._emit(Event("correction", correction=item))
+                else:
+                    self._emit(Event("delta", text=item))
             else:
                 self._emit(Event("done", result=self.stream.result))
         except BaseException as e:  # noqa: BLE001 - every failure is reported to the request

@@ -100,17 +100,42 @@ def _one_shot(client, args, sampling: dict) -> int:
 
 def print_stream(stream, as_json: bool):
     """Print a generation: its deltas as they come (to a terminal or a pipe, so a generation that
-    fails part-way still leaves its text so far), then a newline; or, with `as_json`, one JSON
-    object at the end."""
-    for delta in stream:
-        if not as_json:
-            print(delta, end="", flush=True)
+    fails part-way still leaves its text so far), redrawn after a correction (`show`), then a
+    newline; or, with `as_json`, one JSON object at the end (the repaired text)."""
+    if as_json:
+        for _ in stream:
+            pass
+    else:
+        show(stream)
     result = stream.result
     if as_json:
         print(json.dumps({"text": result.text, "telemetry": result.telemetry.to_dict()}, ensure_ascii=False))
     else:
         print()
     return result
+
+
+REDRAWN = "[swarm: a peer was caught computing wrong and the text changed; the answer is redrawn below]"
+
+
+def show(stream) -> None:
+    """Print a stream's text deltas as they come. After a `Correction` (a peer was caught computing
+    wrong, and the text already printed changed; the stream yields none when the repaired text is
+    the same) the answer is redrawn: a note on stderr, then on a new line the text that stands,
+    which the deltas that follow continue. A terminal's printed lines cannot be taken back portably
+    (wrapped lines, wide characters), so the redraw starts below them."""
+    from swarm.client.generate import Correction
+
+    shown = ""
+    for item in stream:
+        if isinstance(item, Correction):
+            shown = shown[: item.position]
+            print(flush=True)
+            print(REDRAWN, file=sys.stderr, flush=True)
+            print(shown, end="", flush=True)
+        else:
+            shown += item
+            print(item, end="", flush=True)
 
 
 def _repl(client, sampling: dict) -> int:
@@ -159,8 +184,7 @@ def _repl(client, sampling: dict) -> int:
         stream = None
         try:
             stream = client.chat_stream(history, **sampling)
-            for delta in stream:
-                print(delta, end="", flush=True)
+            show(stream)
             print()
         except SwarmError as e:
             history.pop()

@@ -28,7 +28,9 @@ so checks never take more than one session slot per generation on the checkers.
 A caught peer is excluded by this client for `CheckPolicy.caught_exclusion_s`, recorded in the
 client's `Standing` (route pricing), in the generation's telemetry (`checks`) and in the evidence
 file `swarm status` reads (`EVIDENCE_FILE` under the client's data directory); the route session
-then drops it and rebuilds the route (`RouteSession` applies `take_caught` before its next step).
+then drops it, rebuilds the route and rolls it back to the token after the first row outside the
+band (`CheckEvent.first_outside`), which it recomputes (`RouteSession` applies `take_caught` before
+its next step).
 
 What is not checked: the last hop (it answers a token, not hidden states), hops that restored a
 prompt prefix from a snapshot (the checker would need the same restore), and hops whose span no
@@ -219,7 +221,7 @@ class SpotChecks:
         if first is None:
             return None
         checkers, ref = first
-        m = compare(claimed, ref)
+        m = compare(claimed, ref, self.ctx.band)
         event = self._event(record, m, checkers, "ok")
         event.decode_step = decode_step
         if not m.within(self.ctx.band):
@@ -236,7 +238,7 @@ class SpotChecks:
         if event.verdict == "caught":
             self._punish(event, span.peer_id, span.incarnation)
         elif event.verdict == "checker_lied" and len(checkers) == 1:
-            liar = self._event(record, compare(ref, claimed), [span.peer_id], "caught", checkers[0])
+            liar = self._event(record, compare(ref, claimed, self.ctx.band), [span.peer_id], "caught", checkers[0])
             liar.decode_step = decode_step
             self.telemetry.checks.append(liar)
             self._punish(liar, checkers[0], 0.0)
@@ -249,7 +251,7 @@ class SpotChecks:
             peer_id=peer_id or span.peer_id, start=span.start, end=span.end, position=m.row,
             rows=sum(b.shape[0] for b in record.inputs), rel_l2=m.rel_l2, cosine=m.cosine,
             max_rel_l2=self.ctx.band.max_rel_l2, min_cosine=self.ctx.band.min_cosine,
-            checkers=list(checkers), verdict=verdict,
+            checkers=list(checkers), verdict=verdict, first_outside=m.first_outside,
         )
 
     def _punish(self, event: CheckEvent, peer_id: str, incarnation: float) -> None:
@@ -262,8 +264,8 @@ class SpotChecks:
                              for_s=self.ctx.policy.caught_exclusion_s)
         self._caught.append(event)  # the route drops it if it is one of its hops
         logger.warning("spot check caught peer %s… on layers %d:%d: rel L2 %.3g (band %.3g), cosine %.6f at "
-                       "position %d", peer_id[:12], event.start, event.end, event.rel_l2, event.max_rel_l2,
-                       event.cosine, event.position)
+                       "position %d, first wrong at %d", peer_id[:12], event.start, event.end, event.rel_l2,
+                       event.max_rel_l2, event.cosine, event.position, event.first_outside)
         if self.ctx.evidence_dir is not None:
             try:
                 self.ctx.evidence_dir.mkdir(parents=True, exist_ok=True)
@@ -380,7 +382,8 @@ def read_evidence(evidence_dir: Path, model_id: str) -> tuple[dict, ...]:
         text = (evidence_dir / EVIDENCE_FILE).read_text()
     except OSError:
         return ()
-    need = {f.name for f in dataclasses.fields(CheckEvent)} | {"model_id", "at"}
+    # first_outside came later: lines written before it are still evidence
+    need = {f.name for f in dataclasses.fields(CheckEvent)} - {"first_outside"} | {"model_id", "at"}
     out = []
     for line in text.splitlines():
         try:

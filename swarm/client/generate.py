@@ -10,6 +10,14 @@ draft for up to k tokens (`swarm.spec.verify.draft_budget`; by default the k tha
 measurements say is fastest, 0 included: swarm/spec/policy.py); with a draft, the engine session's
 `verify` checks them in one pass and yields 1..k+1 tokens, each the token plain decoding would have
 produced; without one, it decodes one token. Only engine sessions with `verify` (the swarm's) can.
+
+Repair: when the swarm's spot checks catch a peer computing wrong, the engine session's `decode` or
+`verify` raises `Rewind`: its route was rebuilt without the peer and rolled back to the token after
+the peer's first wrong row, and the tokens from there on are recomputed. The loop drops them and
+goes on from the rebuilt route's token; the recomputed text is held back while it repeats what was
+already given out, and only where it differs does the stream yield a `Correction` (the text given
+out from there is withdrawn) before the new text. A consumer that never sees a `Correction` saw
+exactly the repaired text.
 """
 
 from __future__ import annotations
@@ -77,6 +85,42 @@ class StepResult:
     top: tuple[tuple[int, float], ...] = ()
 
 
+class Rewind(Exception):
+    """Raised by an engine session's `decode` or `verify`: tokens it gave out were computed wrong
+    (a peer was caught), and the session rolled back. Internal to the generation loop.
+
+    Attributes:
+        position: tokens (prompt + generated) that stand; every later token is replaced.
+        step: the token at `position`, sampled by the rolled-back session.
+    """
+
+    def __init__(self, position: int, step: StepResult):
+        super().__init__(f"rolled back to position {position}")
+        self.position, self.step = position, step
+
+
+@dataclass(frozen=True)
+class Correction:
+    """An event of a `TokenStream`: text it already gave out was wrong, and is withdrawn.
+
+    A peer of the route was caught computing wrong; the route was rebuilt without it and the tokens
+    after its first wrong row recomputed, and their text differs from what was given out. A consumer
+    cuts the text it received back to `position` characters; the deltas that follow continue from
+    there. Yielded only when the given-out text changes.
+
+    Attributes:
+        position: characters of the text given out so far that stand.
+        text: the withdrawn text (given out after `position`).
+        token_position: index among the generated tokens of the first recomputed one.
+        tokens: the generated tokens recomputed (from `token_position` on), as first given out.
+    """
+
+    position: int
+    text: str
+    token_position: int
+    tokens: tuple[int, ...]
+
+
 class EngineSession(Protocol):
     """One generation's state on an engine: its own llama.cpp context locally, its own hops on the swarm."""
 
@@ -84,7 +128,11 @@ class EngineSession(Protocol):
         """Run the prompt from position 0; sample the token after it."""
 
     def decode(self, token: int) -> StepResult:
-        """Append one token; sample the next."""
+        """Append one token; sample the next.
+
+        Raises:
+            Rewind: (swarm) tokens given out earlier were computed wrong; `token` was not appended.
+        """
 
     def close(self) -> None:
         """Release the session (idempotent; always called, also after errors and interrupts)."""
@@ -95,7 +143,11 @@ class SpeculativeSession(EngineSession, Protocol):
 
     def verify(self, token: int, draft: Sequence[int], group_rows: int | None) -> list[StepResult]:
         """Append `token` and the drafted tokens, keep the drafted tokens up to the first one plain
-        decoding would not have produced, and return the kept ones plus the next sampled token."""
+        decoding would not have produced, and return the kept ones plus the next sampled token.
+
+        Raises:
+            Rewind: tokens given out earlier were computed wrong; nothing was appended.
+        """
 
 
 class Engine(Protocol):
@@ -178,10 +230,13 @@ def check_request(n_prompt_tokens: int, req: GenerationRequest, context_limit: i
 
 
 class TokenStream:
-    """Iterate to receive text deltas (`str`, each valid UTF-8); then read `.result`.
+    """Iterate to receive text deltas (`str`, each valid UTF-8) and, rarely, a `Correction`; then
+    read `.result`.
 
     Created by `stream()`; the work happens as you iterate. Closing it early (break) releases the
-    session on the engine.
+    session on the engine. A `Correction` comes only over the swarm, after a peer was caught
+    computing wrong text that was already given out (see the module docstring); `.result.text` is
+    always the repaired text.
     """
 
     def __init__(
@@ -197,19 +252,28 @@ class TokenStream:
         self.telemetry = GenerationTelemetry(backend=backend, prompt_tokens=len(prompt))
         self.tokens: list[int] = []
         self.result: Generation | None = None
+        self.corrections: list[Correction] = []
+        """The corrections yielded so far."""
+        self._shown = ""
+        """The text given out, with corrections applied."""
+        self._agreed = 0
+        """Characters of `_shown` the current text is known to repeat (all of them unless a rewind
+        left given-out text to be recomputed)."""
+        self._rewound: tuple[int, tuple[int, ...]] | None = None
+        """The latest rewind's token position and replaced tokens, for its `Correction`."""
         self._iter = self._run()
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[str | Correction]:
         return self._iter
 
-    def __next__(self) -> str:
+    def __next__(self) -> str | Correction:
         return next(self._iter)
 
     def close(self) -> None:
         """Stop early and release the session."""
         self._iter.close()
 
-    def _run(self) -> Iterator[str]:
+    def _run(self) -> Iterator[str | Correction]:
         decoder = DeltaDecoder(self._req.stop)
         t0 = last = time.perf_counter()
         session = self._engine.open_session(
@@ -218,8 +282,11 @@ class TokenStream:
         try:
             steps = self._steps(session)
             for step in steps:
+                if isinstance(step, Rewind):
+                    decoder = self._rewind(step.position - len(self._prompt))
+                    continue
                 now = time.perf_counter()
-                if not self.tokens:
+                if not self.telemetry.ttft_ms:
                     self.telemetry.ttft_ms = (now - t0) * 1000.0
                 if self._tok.is_end(step.token):
                     self.telemetry.finish_reason = "stop"
@@ -227,9 +294,8 @@ class TokenStream:
                 self.telemetry.token_latencies_ms.append((now - last) * 1000.0)
                 last = now
                 self.tokens.append(step.token)
-                delta = decoder.feed(self._tok.piece(step.token))
-                if delta:
-                    yield delta
+                decoder.feed(self._tok.piece(step.token))
+                yield from self._give_out(decoder.text, final=False)
                 if decoder.stopped:
                     self.telemetry.finish_reason = "stop"
                     break
@@ -238,15 +304,58 @@ class TokenStream:
                     break
         finally:
             session.close()
-        tail = decoder.finish()
-        if tail:
-            yield tail
+        decoder.finish()
+        yield from self._give_out(decoder.text, final=True)
         self.telemetry.finalize((time.perf_counter() - t0) * 1000.0)
         self.result = Generation(text=decoder.text, tokens=list(self.tokens), telemetry=self.telemetry)
 
-    def _steps(self, session: EngineSession) -> Iterator[StepResult]:
+    def _rewind(self, keep: int) -> DeltaDecoder:
+        """Drop the generated tokens from index `keep` on (the engine session rolled back); returns
+        the decoder of the tokens that stand, whose text is a prefix of what was given out."""
+        if self._rewound is None:
+            self._rewound = (keep, tuple(self.tokens[keep:]))
+        elif keep < self._rewound[0]:  # before a rewind still recomputing given-out text
+            at, replaced = self._rewound
+            self._rewound = (keep, tuple(self.tokens[keep:at]) + replaced)
+        del self.tokens[keep:], self.telemetry.token_latencies_ms[keep:]
+        decoder = DeltaDecoder(self._req.stop)
+        for t in self.tokens:
+            decoder.feed(self._tok.piece(t))
+        self._agreed = min(self._agreed, len(decoder.text))
+        return decoder
+
+    def _give_out(self, text: str, final: bool) -> Iterator[str | Correction]:
+        """Bring what was given out up to `text`, the decoded text now: yield the new delta, held back
+        while `text` repeats given-out text that a rewind recomputes, after a `Correction` where it
+        differs (or, at the end, stops short of it)."""
+        shown, agreed = self._shown, self._agreed
+        if agreed < len(shown):
+            n = min(len(text), len(shown))
+            k = agreed
+            while k < n and text[k] == shown[k]:
+                k += 1
+            if k == n and not (final and n < len(shown)):
+                self._agreed = n  # still repeating: nothing new unless it got past the given-out text
+                if n < len(shown):
+                    return
+            else:
+                token_position, tokens = self._rewound or (len(self.tokens), ())
+                c = Correction(position=k, text=shown[k:], token_position=token_position, tokens=tokens)
+                self.corrections.append(c)
+                self._shown, self._agreed, self._rewound = shown[:k], k, None
+                yield c
+        delta = text[len(self._shown):]
+        if delta:
+            self._shown, self._agreed = text, len(text)
+        if self._agreed >= len(self._shown):
+            self._rewound = None  # the given-out text is recomputed: a later rewind starts anew
+        if delta:
+            yield delta
+
+    def _steps(self, session: EngineSession) -> Iterator[StepResult | Rewind]:
         """The sampled tokens in order: the prefill's, then by decode steps or verify passes. Each
-        is taken into `self.tokens` before the next is asked for (the draft reads them)."""
+        is taken into `self.tokens` before the next is asked for (the draft reads them); a `Rewind`
+        of the session comes before the token it yields."""
         spec = self._req.speculation
         verify = getattr(session, "verify", None) if spec is not None else None
         if spec is not None:
@@ -269,16 +378,19 @@ class TokenStream:
                 if proposal := self._propose(budget, policy):
                     shadow = (proposal, len(self.tokens))
             t0 = time.perf_counter()
-            if not draft:
-                step = session.decode(step.token)
+            try:
+                if not draft:
+                    new = [session.decode(step.token)]
+                else:
+                    new = verify(step.token, draft, spec.group_rows)
+                    self.telemetry.speculation.add(len(draft), len(new) - 1)
+            except Rewind as r:
+                yield r  # the loop drops the replaced tokens before it takes the next one
+                new, shadow = [r.step], None  # a shadow draft may cover dropped tokens
+            else:
                 if policy is not None:
-                    policy.observe_pass(0, 0, (time.perf_counter() - t0) * 1000.0)
-                yield step
-                continue
-            new = verify(step.token, draft, spec.group_rows)
-            if policy is not None:
-                policy.observe_pass(len(draft), len(new) - 1, (time.perf_counter() - t0) * 1000.0)
-            self.telemetry.speculation.add(len(draft), len(new) - 1)
+                    kept = len(new) - 1 if draft else 0
+                    policy.observe_pass(len(draft), kept, (time.perf_counter() - t0) * 1000.0)
             for step in new:
                 yield step
 

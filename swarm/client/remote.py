@@ -27,9 +27,9 @@ from swarm.artifacts.session import ArtifactSession, SessionConfig
 from swarm.client.checks import CheckContext, SpotChecks
 from swarm.client.connection import SwarmConnection
 from swarm.client.directory import DHTDirectory
-from swarm.client.generate import StepResult
+from swarm.client.generate import Rewind, StepResult
 from swarm.client.loop import LoopThread
-from swarm.client.session import RouteSession, SessionSpec
+from swarm.client.session import Rewound, RouteSession, SessionSpec
 from swarm.client.streams import P2PTransport
 from swarm.client.telemetry import GenerationTelemetry
 from swarm.client.tokenizer import Tokenizer
@@ -189,7 +189,7 @@ class RemoteSession:
         tokens = list(tokens)
         x = self._embedder.embed(tokens)
         offers = prefix_offers(tokens) if self._reuse else ()
-        self._loop.run(self.route.open(offers, lambda n: x[:n]), CALL_TIMEOUT_S)
+        self._loop.run(self.route.open(offers, lambda n: x[:n], len(tokens)), CALL_TIMEOUT_S)
         token = None
         for i in range(self.route.pos, len(tokens), self._chunk):
             token = self._loop.run(self.route.step(x[i : i + self._chunk]), CALL_TIMEOUT_S)
@@ -198,16 +198,30 @@ class RemoteSession:
         return StepResult(token=token.token, logprob=token.logprob, top=token.top)
 
     def decode(self, token: int) -> StepResult:
-        """Send one token's hidden state through the route; return the next sampled token."""
-        t = self._loop.run(self.route.step(self._embedder.embed([token])), CALL_TIMEOUT_S)
+        """Send one token's hidden state through the route; return the next sampled token.
+
+        Raises:
+            Rewind: a peer was caught computing wrong: the route was rebuilt without it and rolled
+                back (swarm/client/session.py `Rewound`); `token` was not sent.
+        """
+        try:
+            t = self._loop.run(self.route.step(self._embedder.embed([token])), CALL_TIMEOUT_S)
+        except Rewound as r:
+            raise Rewind(r.position, StepResult(token=r.token.token, logprob=r.token.logprob,
+                                                top=r.token.top)) from None
         return StepResult(token=t.token, logprob=t.logprob, top=t.top)
 
     def verify(self, token: int, draft: Sequence[int], group_rows: int | None) -> list[StepResult]:
         """Send `token` and the drafted tokens as one verify pass in steps of `group_rows` rows (None:
         the route's proven exact group; swarm/spec/verify.py); keep the accepted rows on every hop.
-        Returns the kept drafted tokens and the next sampled token (1..len(draft)+1, no log-probs)."""
+        Returns the kept drafted tokens and the next sampled token (1..len(draft)+1, no log-probs).
+        Raises:
+            Rewind: as `decode`; nothing was sent."""
         x = self._embedder.embed([token, *draft])
-        new = self._loop.run(self._verify(x, list(draft), group_rows), CALL_TIMEOUT_S)
+        try:
+            new = self._loop.run(self._verify(x, list(draft), group_rows), CALL_TIMEOUT_S)
+        except Rewound as r:
+            raise Rewind(r.position, StepResult(token=r.token.token)) from None
         return [StepResult(token=t) for t in new]
 
     async def _verify(self, x, draft: list[int], group_rows: int | None) -> list[int]:

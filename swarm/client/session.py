@@ -42,6 +42,13 @@ only the rows after the longest prefix it can restore at or after the failed hop
 row; when it can restore none of them (the failed hop's rows before that were never recorded), the
 whole route is re-opened and replayed from the prompt's embedded rows (`prefix_rows`).
 
+Repair: a hop that the spot checks (swarm/client/checks.py) catch computing wrong is dropped before
+the next step; the whole route is rebuilt without it (every later hop's KV holds states computed
+from its rows), replayed from the first hop's recorded rows up to the token after the first wrong
+row (`swarm.route.verify.rewind_position`), and `step` raises `Rewound` with the rebuilt route's
+token there instead of running its rows, which came from text that may be wrong. The caller drops
+its tokens from that position on (swarm/client/generate.py).
+
 Speculative decoding: `step(x, verify=True)` sends a verify pass (swarm/spec/verify.py), whose
 last hop answers one sampled token per row, and `keep(n)` then keeps only the pass's first n rows:
 the recorded inputs of every hop are cut to them (a replacement replays exactly the kept rows), and
@@ -76,6 +83,7 @@ from swarm.route.ladder import NoRouteAction, after_no_route, plan_fresh
 from swarm.route.plan import Hop, PeerSpan, layer_ranges, plan_route
 from swarm.route.replay import clip_steps, drop_rows, replay_frames, split_steps
 from swarm.route.restore import CannotRestore, rebuild_rows, restore_point
+from swarm.route.verify import rewind_position
 from swarm.sampling import SamplingParams
 from swarm.spec.verify import verify_steps
 from swarm.wire import (
@@ -125,6 +133,21 @@ class _Hop:
     @property
     def peer_id(self) -> str:
         return self.span.peer_id
+
+
+class Rewound(Exception):
+    """A spot check caught a hop of the route computing wrong: the route was rebuilt without it and
+    rolled back, and the step asked for was not run (its input was computed from wrong text).
+
+    Attributes:
+        position: tokens (prompt + generated) that stand; the caller's tokens from this position on
+            are replaced, starting with `token`.
+        token: the rebuilt route's answer after the row at `position - 1`: the token at `position`.
+    """
+
+    def __init__(self, position: int, token: Token):
+        super().__init__(f"rolled back to position {position}")
+        self.position, self.token = position, token
 
 
 class _HopFailed(Exception):
@@ -184,6 +207,8 @@ class RouteSession:
         """Tokens every hop holds: the next step starts at this position."""
         self.restored_tokens = 0
         """Prompt tokens the route restored from snapshots at open (the prefill starts there)."""
+        self.prompt_tokens = 0
+        """The prompt's length (`open`): a repair never rolls back into the prompt."""
         self._offers: tuple[tuple[int, bytes], ...] = ()
         self._prefix_rows: Callable[[int], np.ndarray] | None = None
         self._replayed_token: Token | None = None
@@ -192,7 +217,8 @@ class RouteSession:
         """A receipt showed pushed rows altered between two hops: this generation relays from then on."""
         self.checks: SpotChecks | None = None
         """Spot checks of the hops (swarm/client/checks.py); None: none. A peer they catch is
-        dropped before the next step and the route rebuilt (`_drop_caught`)."""
+        dropped before the next step, the route rebuilt and rolled back to its first wrong row
+        (`_drop_caught`), and the step raises `Rewound`."""
 
     @property
     def route(self) -> list[str]:
@@ -203,6 +229,7 @@ class RouteSession:
         self,
         prefixes: tuple[tuple[int, bytes], ...] = (),
         prefix_rows: Callable[[int], np.ndarray] | None = None,
+        prompt_tokens: int = 0,
     ) -> None:
         """Plan a route over every layer and open a session on each hop.
 
@@ -211,12 +238,14 @@ class RouteSession:
                 whole prompt; () offers nothing.
             prefix_rows: n → the first hop's input rows for positions [0, n) (the embedded prompt),
                 used to rebuild the route when a replacement cannot restore a restored prefix.
+            prompt_tokens: the prompt's length: a route caught computing wrong rolls back to the
+                prompt's end at the earliest (0: to the token after the first wrong row).
         After it, `pos` is the restored length: the caller's first step starts there.
         Raises:
             NoRoute: no chain of live peers with room, even after a fresh probe of excluded peers,
                 or every attempt to open one failed.
         """
-        self._offers, self._prefix_rows = prefixes, prefix_rows
+        self._offers, self._prefix_rows, self.prompt_tokens = prefixes, prefix_rows, prompt_tokens
         self._hops = await self._open_stretch(0, self.spec.n_layers, None, fresh=True)
         self.telemetry.route = [h.telemetry for h in self._hops]
         await self._chain()
@@ -240,9 +269,12 @@ class RouteSession:
         Returns:
             Token: the last hop's sampled token after the last row (`tokens`: after every row).
         Raises:
+            Rewound: a spot check caught a hop computing wrong: the route was rebuilt and rolled
+                back, and `x` (computed from wrong text) was not run.
             SwarmError: more than policy.max_failovers failovers, or no replacement for a failed hop.
         """
-        await self._apply_checks()
+        if await self._apply_checks():
+            raise Rewound(self.pos, self._replayed_token)
         pos0, i, x0 = self.pos, 0, x
         pushed_step: int | None = None  # the step hop i's input was pushed with (None: send it)
         rewind, push = self._stale, False
@@ -454,23 +486,29 @@ class RouteSession:
         if self.checks is None or not self.checks.ctx.policy.verify_prefill:
             return None
         await self.checks.check_now(self._check_records())
-        self._replayed_token = None
-        await self._apply_checks()
-        return self._replayed_token
+        return self._replayed_token if await self._apply_checks() else None
 
-    async def _apply_checks(self) -> None:
-        """Drop every hop a spot check caught since the last step, rebuilding the route."""
+    async def _apply_checks(self) -> bool:
+        """Drop every hop a spot check caught since the last step, rebuilding the route and rolling
+        it back to the earliest first wrong row; True when it rolled back (`_replayed_token` is then
+        the rebuilt route's token at the new `pos`)."""
         if self.checks is None:
-            return
+            return False
+        rewound = False
         for event in self.checks.take_caught():
             i = next((k for k, h in enumerate(self._hops) if h.peer_id == event.peer_id), None)
             if i is not None:
                 await self._drop_caught(i, event)
+                rewound = True
+        return rewound
 
     async def _drop_caught(self, i: int, caught: CheckEvent) -> None:
-        """Replace hop i, caught computing wrong, by rebuilding the whole route: every later hop's KV
-        cache holds states computed from its wrong outputs, so the route is replayed from the
-        embedded rows (the spot check already excluded the peer)."""
+        """Replace hop i, caught computing wrong, by rebuilding the whole route, rolled back to the
+        token after its first wrong row (`rewind_position`): every later hop's KV cache holds states
+        computed from its wrong outputs, and every token sampled after that row may be wrong, so the
+        route is replayed from the embedded rows of the tokens that stand (the spot check already
+        excluded the peer). No prefix snapshot is restored: a peer after the liar may have kept one
+        of the prompt computed from the liar's rows."""
         hop, t0 = self._hops[i], self._now()
         if len(self.telemetry.failovers) >= self.policy.max_failovers:
             raise SwarmError(f"gave up after {self.policy.max_failovers} failovers in one generation")
@@ -479,6 +517,10 @@ class RouteSession:
         event = FailoverEvent(hop.peer_id, hop.span.start, hop.span.end, FailureReason.WRONG_OUTPUT.value,
                               message, self.pos)
         self.telemetry.failovers.append(event)
+        first = caught.first_outside if caught.first_outside >= 0 else caught.position
+        self.pos = event.rewound_to = rewind_position(first, self.prompt_tokens, self.pos)
+        self._last_pos0, self._stale, self._offers = self.pos, False, ()
+        self._replayed_token = None
         self._hops = await self._rebuild()
         self.telemetry.route = [h.telemetry for h in self._hops]
         await self._chain()

@@ -69,6 +69,8 @@ class FailoverEvent:
         replacements: peer ids of the new hops, in layer order.
         stall_ms: from the failing step's start at this hop to the replacement being caught up
             (detection + re-plan + open + replay), ms.
+        rewound_to: a peer caught computing wrong: the session position the route rolled back to
+            (the tokens from there on were recomputed by the rebuilt route); -1 for other failures.
     """
 
     peer_id: str
@@ -81,6 +83,7 @@ class FailoverEvent:
     restored_tokens: int = 0
     replacements: list[str] = field(default_factory=list)
     stall_ms: float = 0.0
+    rewound_to: int = -1
 
 
 @dataclass
@@ -103,6 +106,8 @@ class CheckEvent:
         offences: the caught peer's offences in this client's standing window, with this one.
         decode_step: the generation's decode step (0-based) after which the check started; -1: the
             prompt's check before the first token (`CheckPolicy.verify_prefill`).
+        first_outside: session position of the first row outside the band (-1: none): the route
+            rolls its text back to the token after it (`swarm.route.verify.rewind_position`).
     """
 
     peer_id: str
@@ -118,6 +123,7 @@ class CheckEvent:
     verdict: str = "ok"
     offences: int = 0
     decode_step: int = 0
+    first_outside: int = -1
 
 
 @dataclass
@@ -186,6 +192,8 @@ class GenerationTelemetry:
                 f"after {_generated(f.position, self.prompt_tokens)}: "
                 f"replayed {f.replayed_tokens} tokens, stall {f.stall_ms:.0f} ms"
             )
+            if f.rewound_to >= 0:
+                line += f", text repaired from generated token {max(0, f.rewound_to - self.prompt_tokens)} on"
         for c in self.checks:
             if c.verdict != "ok":
                 line += (

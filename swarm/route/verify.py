@@ -16,6 +16,8 @@ parts:
   miss a lie that leaves the largest elements alone (noise added to the small ones, or a lower
   quantization that keeps the outliers) and needs a k and a value tolerance besides. Cosine is
   reported beside it; it ignores a change of scale, which rel L2 does not.
+- `Measure.first_outside`, `rewind_position`: from which position a hop's output is first wrong,
+  so the client knows how far back its text is poisoned and recomputes from there (the repair).
 - `Band`: the largest honest distance accepted, per model architecture and quantization type;
   calibrated from honest runs (the benchmark prints the measured distribution and the margin).
 - `CheckPolicy`, `CheckSchedule`: which decode steps start a check (one early, then at a random
@@ -104,24 +106,29 @@ class Measure:
         rel_l2: the worst row's ||claimed - ref|| / ||ref|| (inf for a non-finite claimed row).
         cosine: the worst row's cosine similarity (-1 for a non-finite claimed row).
         row: index of the worst row (by rel_l2) in the compared block.
+        first_outside: index of the first row outside the band `compare` was given (its rel L2
+            over `max_rel_l2` or its cosine under `min_cosine`); -1: none, or no band given. A
+            check compares a hop's rows from position 0, so this is the first wrong position.
     """
 
     rel_l2: float
     cosine: float
     row: int
+    first_outside: int = -1
 
     def within(self, band: Band) -> bool:
         """Whether the claimed rows pass `band`."""
         return self.rel_l2 <= band.max_rel_l2 and self.cosine >= band.min_cosine
 
 
-def compare(claimed: np.ndarray, ref: np.ndarray) -> Measure:
+def compare(claimed: np.ndarray, ref: np.ndarray, band: Band | None = None) -> Measure:
     """Compare the hidden states a peer returned with a recomputation of the same steps.
 
     Args:
         claimed, ref: `[rows, hidden]` float32, same shape.
+        band: the tolerance that decides `first_outside`; None: not asked (-1).
     Returns:
-        Measure: the worst row's relative L2 and cosine.
+        Measure: the worst row's relative L2 and cosine, and the first row outside `band`.
     Raises:
         ValueError: shapes differ or are empty.
     """
@@ -135,7 +142,31 @@ def compare(claimed: np.ndarray, ref: np.ndarray) -> Measure:
         cos = np.where(finite, (a * b).sum(axis=1) / (np.maximum(np.linalg.norm(a, axis=1), 1e-30) * ref_norm),
                        -1.0)
     row = int(np.argmax(rel))
-    return Measure(rel_l2=float(rel[row]), cosine=float(cos.min()), row=row)
+    first = -1
+    if band is not None:
+        outside = np.flatnonzero((rel > band.max_rel_l2) | (cos < band.min_cosine))
+        first = int(outside[0]) if outside.size else -1
+    return Measure(rel_l2=float(rel[row]), cosine=float(cos.min()), row=row, first_outside=first)
+
+
+def rewind_position(first_outside: int, prompt_tokens: int, pos: int) -> int:
+    """Where a route rolls its text back to when a hop's output is first wrong at `first_outside`.
+
+    The row at position p yields the token at position p + 1, so a wrong row p makes every token
+    from p + 1 on suspect (later rows were computed from them), while the rows before p, and the
+    tokens they yielded, stand. The prompt's rows are the user's, and its first token comes after
+    the last of them, so a lie inside the prompt rolls back to the prompt's end.
+
+    Args:
+        first_outside: position of the hop's first row outside the band (`Measure.first_outside`,
+            >= 0).
+        prompt_tokens: the prompt's length, tokens.
+        pos: tokens the route holds now.
+    Returns:
+        The number of tokens (prompt + generated) that stand: the route recomputes the token at
+        this position and every later one; in [prompt_tokens, pos] (pos when prompt_tokens > pos).
+    """
+    return min(pos, max(first_outside + 1, prompt_tokens))
 
 
 @dataclass(frozen=True)

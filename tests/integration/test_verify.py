@@ -1,5 +1,5 @@
 """Spot checks on real peers: lying peers are caught and dropped, honest ones are never flagged, and
-the text equals llama.cpp's whole model.
+the text, repaired from the liar's first wrong row on, equals llama.cpp's whole model.
 
 SmolLM2 on 127.0.0.1: 0:10, two honest peers for 10:20 (1 and 2 threads), 20:30. Each liar test
 starts a lying 10:20 peer (`SWARM_TEST_LIE`, swarm/peer/testlie.py), which announces ten times its
@@ -88,7 +88,8 @@ def liar(swarm, client, smollm2_path, request):
 
 
 def assert_caught_and_dropped(s: TokenStream, liar_id: str, client) -> list:
-    """The liar was caught, its hop rebuilt on honest peers, and it is excluded and priced."""
+    """The liar was caught, its hop rebuilt on honest peers, the text rolled back to the token after
+    its first wrong row, and it is excluded and priced."""
     t = s.telemetry
     of_liar = [c for c in t.checks if c.peer_id == liar_id]
     caught = [c for c in of_liar if c.verdict == "caught"]
@@ -97,6 +98,8 @@ def assert_caught_and_dropped(s: TokenStream, liar_id: str, client) -> list:
     [f] = t.failovers
     assert (f.peer_id, f.reason, f.start, f.end) == (liar_id, FailureReason.WRONG_OUTPUT.value, 10, 20)
     assert liar_id not in [h.peer_id for h in t.route] and liar_id not in f.replacements
+    first_wrong = next(c.first_outside for c in caught)
+    assert f.rewound_to == max(first_wrong + 1, t.prompt_tokens) <= f.position
     _, engine = client
     assert engine.exclusions.reason(liar_id) is FailureReason.WRONG_OUTPUT
     assert liar_id in engine.checks.standing.penalties(time.monotonic())
@@ -143,14 +146,21 @@ def test_a_peer_lying_on_one_step_in_ten_is_caught_within_50_decode_steps(liar, 
 
 
 @pytest.mark.parametrize("liar", ["lazy:Q4_0"], indirect=True)
-def test_a_lazy_peer_serving_a_lower_quantization_is_caught(liar, client):
-    """SmolLM2's Q4_1 weights requantized to Q4_0: caught at the first check. (The text is not
-    compared: the lazy peer's prefill already changed the first token, before any check could;
-    scripts/bench_verify.py records it, and the next test checks the prompt first.)"""
+def test_a_lazy_peer_serving_a_lower_quantization_is_caught_and_the_text_repaired(liar, client, expected):
+    """SmolLM2's Q4_1 weights requantized to Q4_0: caught at the first check (decode step 2). Its
+    prefill already changed the first token, so the route rolls back to the prompt's end, the
+    stream withdraws the text it gave out (a `Correction` from the first character), and the
+    repaired text equals llama.cpp's."""
     s = generate(client, CheckPolicy(seed=0))
     [first, *_] = assert_caught_and_dropped(s, liar.peer_id, client)
     assert first.verdict == "caught" and first.decode_step == CheckPolicy().first_check_step
-    assert len(s.result.tokens) > CheckPolicy().first_check_step + 1
+    assert first.first_outside < s.telemetry.prompt_tokens  # wrong already in the prompt's rows
+    [f] = s.telemetry.failovers
+    assert f.rewound_to == s.telemetry.prompt_tokens
+    [c] = s.corrections
+    assert c.token_position == 0 and c.text and len(c.tokens) >= 3
+    assert s.result.text == expected
+    assert s.telemetry.generated_tokens == len(s.result.tokens)
 
 
 @pytest.mark.parametrize("liar", ["lazy:Q4_0"], indirect=True)

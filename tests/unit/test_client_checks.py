@@ -15,7 +15,7 @@ import numpy as np
 from sim.transport import SimSwarm, SpanPeer, VirtualClock, embed
 from swarm.client.checks import EVIDENCE_FILE, CheckContext, SpotChecks, read_evidence
 from swarm.client.status import status_report
-from swarm.client.session import RouteSession, SessionSpec
+from swarm.client.session import Rewound, RouteSession, SessionSpec
 from swarm.client.telemetry import GenerationTelemetry
 from swarm.route.failover import Exclusions, FailoverPolicy, FailureReason
 from swarm.route.verify import DEFAULT_BAND, CheckPolicy, Standing
@@ -42,8 +42,9 @@ def swarm_of(liar_fault: str = "", lie_after: int = 0, third: bool = True) -> li
 
 
 def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | None = None, evidence_dir=None):
-    """Prefill PROMPT in chunks of 3, decode N_NEW tokens with spot checks; returns (tokens,
-    telemetry, exclusions, standing)."""
+    """Prefill PROMPT in chunks of 3, decode N_NEW tokens with spot checks, dropping the tokens a
+    rewind replaces as swarm.client.generate's loop does; returns (tokens, telemetry, exclusions,
+    standing)."""
     clock = VirtualClock()
     swarm = SimSwarm(peers, clock)
     exclusions = Exclusions(POLICY.exclusion_s)
@@ -59,14 +60,19 @@ def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | Non
                               rng=random.Random(1))
         s.checks.settle_on_close = True
         try:
-            await s.open()
+            await s.open(prompt_tokens=len(PROMPT))
             x = np.concatenate([embed(t) for t in PROMPT])
             for i in range(0, len(PROMPT), 3):
                 tok = await s.step(x[i : i + 3])
             tok = await s.verify_prefill() or tok  # as swarm.client.remote.RemoteSession.prefill does
             tokens = [tok.token]
             while len(tokens) < N_NEW:
-                tokens.append((await s.step(embed(tokens[-1]))).token)
+                try:
+                    tokens.append((await s.step(embed(tokens[-1]))).token)
+                except Rewound as r:
+                    assert len(PROMPT) <= r.position < len(PROMPT) + len(tokens)
+                    del tokens[r.position - len(PROMPT):]
+                    tokens.append(r.token.token)
                 await asyncio.sleep(0)  # let the check tasks run beside the steps, as on a real loop
             return tokens
         finally:
@@ -93,20 +99,25 @@ def test_honest_peers_are_never_flagged_and_the_text_is_unchanged():
 
 
 def test_a_lying_hop_is_caught_dropped_and_the_route_rebuilt_without_it():
+    plain, _, _, _ = generate(swarm_of(), CheckPolicy(rate=0.0, first_check_step=-1))
     tokens, t, exclusions, standing = generate(swarm_of("lie", lie_after=6), EVERY_STEP)
     caught = [c for c in t.checks if c.verdict != "ok"]
     assert caught and all((c.peer_id, c.verdict) == ("m1", "caught") for c in caught)
     first = caught[0]
     # m1 computed 3 prompt chunks and 3 decode steps honestly: the first wrong row is the next one
-    assert first.position == len(PROMPT) + 3 and first.rel_l2 > DEFAULT_BAND.max_rel_l2
+    assert first.position == first.first_outside == len(PROMPT) + 3
+    assert first.rel_l2 > DEFAULT_BAND.max_rel_l2
     assert first.checkers == ["m2", "m3"]  # the second checker agreed with the first
     [f] = t.failovers
     assert (f.peer_id, f.reason) == ("m1", FailureReason.WRONG_OUTPUT.value)
     assert "m1" not in f.replacements and [h.peer_id for h in t.route] == f.replacements
-    assert f.replayed_tokens == f.position  # the whole route replayed from the embedded rows
+    # rolled back to the token after the first wrong row, the whole route replayed up to it from
+    # the embedded rows; every token from there on was recomputed on honest peers
+    assert f.rewound_to == first.first_outside + 1 < f.position
+    assert f.replayed_tokens == f.rewound_to
     assert exclusions.reason("m1") is FailureReason.WRONG_OUTPUT
     assert standing.penalties(0.0) == {"m1": CheckPolicy().penalty_ms}
-    assert len(tokens) == N_NEW
+    assert tokens == plain
 
 
 def test_without_a_second_checker_the_checked_peer_is_caught():

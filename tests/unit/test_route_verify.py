@@ -10,7 +10,7 @@ import pytest
 
 from swarm.route.plan import PeerSpan, plan_route
 from swarm.route.verify import (
-    DEFAULT_BAND, Band, CheckPolicy, CheckSchedule, Standing, band_for, compare, quant_type,
+    DEFAULT_BAND, Band, CheckPolicy, CheckSchedule, Standing, band_for, compare, quant_type, rewind_position,
 )
 
 
@@ -52,6 +52,27 @@ def test_a_non_finite_claimed_row_is_infinitely_far():
     m = compare(claimed, ref)
     assert (m.row, m.rel_l2, m.cosine) == (1, math.inf, -1.0)
     assert not m.within(DEFAULT_BAND)
+
+
+def test_first_outside_is_the_first_row_past_the_band_not_the_worst():
+    ref = rows(6)
+    claimed = ref.copy()
+    claimed[2] += 0.05 * ref[2]
+    claimed[4] += 0.5 * ref[4]  # the worst row comes later
+    m = compare(claimed, ref, Band(max_rel_l2=0.03, min_cosine=0.0))
+    assert (m.row, m.first_outside) == (4, 2)
+    assert compare(claimed, ref).first_outside == -1  # no band, no decision
+    assert compare(ref.copy(), ref, DEFAULT_BAND).first_outside == -1
+    claimed[1, 0] = np.inf  # a non-finite row is outside any band
+    assert compare(claimed, ref, Band(max_rel_l2=10.0, min_cosine=-1.0)).first_outside == 1
+
+
+def test_a_repair_rolls_back_to_the_token_after_the_first_wrong_row_never_into_the_prompt():
+    # prompt of 10 tokens, route at 30: a wrong row 20 makes the token at 21 and later suspect
+    assert rewind_position(20, 10, 30) == 21
+    assert rewind_position(3, 10, 30) == 10  # wrong in the prompt: its first token is recomputed
+    assert rewind_position(29, 10, 30) == 30  # the last row: only the token being decoded
+    assert rewind_position(0, 0, 5) == 1
 
 
 def test_blocks_of_other_shapes_are_refused():
