@@ -38,7 +38,11 @@ from swarm.portmap_rules import (
 logger = logging.getLogger(__name__)
 
 DISCOVER_MS = 1000
-"""How long the SSDP search waits for routers to answer, ms (miniupnpc's `discoverdelay`)."""
+"""How long the SSDP search waits for routers to answer, ms (miniupnpc's `discoverdelay`), per
+device type searched: a router answers the first (~1 s); with no router all SEARCHES go unanswered
+(~4 s, overlapped with the DHT node's start)."""
+SEARCHES = 4
+"""Device types miniupnpc searches for, one after another, while none answers."""
 CALL_TIMEOUT_S = 10.0
 """The event loop waits this long for one call to the router (the discovery included)."""
 
@@ -63,7 +67,7 @@ class PortMapper:
 
     def start_discovery(self) -> None:
         """Send the SSDP search now, in the background (`map` waits for its answer)."""
-        wait_s = CALL_TIMEOUT_S + DISCOVER_MS / 1000
+        wait_s = CALL_TIMEOUT_S + SEARCHES * DISCOVER_MS / 1000
         self._found = asyncio.ensure_future(self._call(self._discover, timeout_s=wait_s))
 
     async def map(self, host: str, ports: Sequence[PortToMap], peer_id: str) -> str:
@@ -141,8 +145,12 @@ class PortMapper:
         """(the client, the router's external address); raises LookupError when no router answers."""
         upnp = miniupnpc.UPnP()
         upnp.discoverdelay = DISCOVER_MS
-        if upnp.discover() == 0:
-            raise LookupError(f"no UPnP router answered within {DISCOVER_MS} ms")
+        try:
+            found, why = upnp.discover(), ""
+        except Exception as e:  # miniupnpc raises with errno's text: "Success" when nobody answered
+            found, why = 0, "" if str(e) == "Success" else f" ({e})"
+        if found == 0:
+            raise LookupError(f"no UPnP router answered the search{why}")
         upnp.selectigd()
         return upnp, upnp.externalipaddress()
 
