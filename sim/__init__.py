@@ -30,6 +30,8 @@ real peers behind NAT routers and far apart; needs root):
     delayline.py: `python -m sim.delayline` — the userspace delay line (AF_PACKET; no netem here),
         and `start` to run it in a namespace.
     netprobe.py: `listen`, `ping` — TCP probes run in the sites (observed address, RTT, bulk).
+    upnplab.py: `enable_upnp`, `port_mappings` — miniupnpd on a home router (UPnP IGD).
+    stunlab.py: `python -m sim.stunlab` — a STUN Binding responder (miniupnpd learns its address).
 
 The simulator imports swarm.route, swarm.kv, swarm.wire, swarm.errors, swarm.client.session,
 swarm.peer.rebalance, swarm.arch and swarm.sizing (all free of I/O) — never swarm.dht, hivemind,

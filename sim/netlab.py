@@ -32,6 +32,7 @@ API (stable; tests and scripts/bench_wan.py build on it):
         lab.exec_prefix(site) -> argv      `ip netns exec NS`: prepend to run anything in the site
         lab.run(site, argv) -> CompletedProcess;  lab.spawn(site, argv) -> Popen (ended at teardown)
         lab.pids() -> [pid]                every process inside the lab now
+        lab.workdir -> Path                a directory for the lab's own files, removed at teardown
     sim.netprobe: listen(lab, site, port) -> Popen;  ping(lab, site, addr, port, ...) -> PingResult
     site.address (its own), site.public_address (what other sites dial: its router's WAN address
     behind a NAT), site.ns, site.router.
@@ -43,8 +44,8 @@ Teardown ends every process inside the lab's namespaces (SIGTERM, then SIGKILL a
 `netns.STOP_GRACE_S`), stops the delay line and deletes the namespaces; the veths and the bridge go with
 them. `sweep_stale()` (run by every new Lab) removes labs whose owner process is gone.
 
-This module does not: hole-punch, relay, offer UPnP/NAT-PMP, or use public addresses (libp2p treats
-10.x as private, so AutoNAT and DCUtR never start here); touch the root namespace's interfaces,
+This module does not: hole-punch, relay, offer UPnP (sim/upnplab.py does) or NAT-PMP, or use
+public addresses (libp2p treats 10.x as private, so AutoNAT and DCUtR never start here); touch the root namespace's interfaces,
 routes or firewall; or reach outside the machine (no namespace has a route out).
 """
 
@@ -166,6 +167,7 @@ class Lab:
         self._spawned: list[subprocess.Popen] = []
         self._delayline: subprocess.Popen | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="swarm-lab-")
+        self.workdir = Path(self._tmp.name)
 
     def __enter__(self) -> Lab:
         reason = lab_available()
@@ -298,7 +300,7 @@ class Lab:
             netns.ip(self.wan, "link", "set", on, "master", "br0")
         if delayed:
             pairs = [Pair(f"l{n}p", f"l{n}q", self._delays_ms[n], self._delays_ms[n]) for n in delayed]
-            self._delayline = delayline.start(self.wan, pairs, Path(self._tmp.name))
+            self._delayline = delayline.start(self.wan, pairs, self.workdir)
 
     def exec_prefix(self, where: Where) -> list[str]:
         """The argv prefix that runs a command in `where`'s namespace (`ip netns exec` execs the

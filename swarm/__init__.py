@@ -25,6 +25,8 @@ Packages and modules (see docs/architecture.md for the data flow):
     dialing.py    a stream to a peer: direct raced against libp2p, no long wait on a dead endpoint
     reach.py      dial-back probes: whether other peers can dial this one, and its public address
     reach_rules.py pure: reachability from dial-back answers, addresses to announce, dial-back budget
+    portmap.py    UPnP IGD port mapping on the home router (miniupnpc): discover, map, renew, delete
+    portmap_rules.py pure: when to map, which ports, leases and renewal
     peerid.py     the libp2p peer id of an RSA public key (pure; shared by dht/ and kv/)
     netaddr.py    listen and advertised addresses: IPv4/IPv6 literals, multiaddrs, libtorrent strings
     eventloop.py  the event loop of peer processes and the client's loop thread (asyncio or uvloop)

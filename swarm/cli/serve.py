@@ -88,6 +88,12 @@ def register(sub) -> None:
         "--no-direct", action="store_true", help="offer no direct streams: clients use libp2p streams only"
     )
     add_relay_args(s)
+    s.add_argument(
+        "--port-mapping", choices=("auto", "off"), default="auto",
+        help="auto: ask a UPnP router on the LAN to forward the libp2p, direct and relay ports (a "
+        "dial-back confirms them before the router's address is announced; deleted on stop); skipped "
+        "with --reachability private, --public-address or a loopback --host (default auto)",
+    )
     lim = s.add_argument_group(
         "limits per client", "what one client (one peer id) may hold here; BUSY past them, with the limit named"
     )
@@ -145,6 +151,7 @@ def _serve(args) -> None:
             direct_port=None if args.no_direct else args.direct_port,
             reachability=args.reachability,
             relay=args.relay,
+            port_mapping=args.port_mapping,
             relay_service=not args.no_relay_service,
             relay_port=args.relay_port,
             relay_limits=relay_limits(args),

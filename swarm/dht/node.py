@@ -167,6 +167,7 @@ class SwarmDHT:
             identity_path=str(identity.identity_path),
             record_validators=[signer, SwarmRecordValidator()],
             startup_timeout=startup_timeout_s,
+            nat_port_map=False,  # swarm/portmap.py maps this peer's ports: one component per router
         )
         try:
             dht.run_in_background(await_ready=False)

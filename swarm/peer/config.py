@@ -14,6 +14,7 @@ from swarm.peer.announce import EXPIRY_PERIODS
 from swarm.netaddr import NetConfig, check_net_config
 from swarm.peer.quotas import ClientLimits, limits_refusal
 from swarm.peer.scheduler import INLINE_MAX_MS
+from swarm.portmap_rules import MODES as PORT_MAPPING_MODES
 from swarm.relay.rules import RELAY_MODES, RelayLimits
 from swarm.reach_rules import MODES
 
@@ -59,6 +60,9 @@ class ServeConfig:
             that without asking; a private peer registers with a relay and announces only relay
             addresses (unless `relay` is "off").
         relay: "auto" (a private peer is relayed) or "off" (never relayed).
+        port_mapping: "auto" (ask a UPnP router on the LAN to forward the libp2p, direct and relay
+            ports, swarm/portmap.py; skipped for a private, loopback-only or `public_address` peer)
+            or "off".
         relay_service: a public peer relays streams for private ones (`swarm.relay.service`).
         relay_port: TCP port on `host` of the relay service (0: any free port).
         relay_limits: the relay service's budget, announced in its offer.
@@ -93,6 +97,7 @@ class ServeConfig:
     inline_max_ms: float = INLINE_MAX_MS
     reachability: str = "auto"
     relay: str = "auto"
+    port_mapping: str = "auto"
     relay_service: bool = True
     relay_port: int = 0
     relay_limits: RelayLimits = RelayLimits()
@@ -126,6 +131,9 @@ def check_config(cfg: ServeConfig) -> NetConfig:
     if cfg.reachability not in MODES or cfg.relay not in RELAY_MODES:
         raise SwarmError(f"--reachability must be one of {', '.join(MODES)} and --relay one of "
                          f"{', '.join(RELAY_MODES)}, got {cfg.reachability!r:.40} and {cfg.relay!r:.40}")
+    if cfg.port_mapping not in PORT_MAPPING_MODES:
+        raise SwarmError(f"--port-mapping must be one of {', '.join(PORT_MAPPING_MODES)}, "
+                         f"got {cfg.port_mapping!r:.40}")
     port = cfg.relay_port
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
         raise AddressError(f"--relay-port must be an integer in 0..65535, got {port!r:.40}")

@@ -1,7 +1,8 @@
 """`swarm serve`: the composition root of a peer.
 
 Builds the parts in order and wires them together; the parts receive their collaborators:
-config check → BitTorrent, direct-stream and relay ports → DHT node → reachability (a dial-back
+config check → BitTorrent, direct-stream and relay ports (and a UPnP router searched for, in the
+background: swarm/portmap.py) → DHT node → the ports mapped on that router → reachability (a dial-back
 probe, swarm/reach.py; `reach.current` is what later parts read: a private peer takes a relay, a
 public one offers one) → the span (swarm/peer/build.py: model file, layers, executor, measured
 `Span`) → stream handlers → metrics → relay registration (a private peer) → announcer → relay offer
@@ -43,6 +44,8 @@ from swarm.peer.quotas import ClientLedger
 from swarm.peer.rules import SHUTTING_DOWN_MESSAGE
 from swarm.peer.span import Span
 from swarm.p2p import answer_pings
+from swarm.portmap import PortMapper
+from swarm.portmap_rules import ports_to_map, skip_reason
 from swarm.peer import testlie
 from swarm.proctree import descendants
 from swarm.relay import dial as relay_dial
@@ -51,7 +54,7 @@ from swarm.relay.registrar import RelayRegistrar
 from swarm.relay.rules import relay_roles
 from swarm.relay.service import RelayServer, publish_forever
 from swarm.reach import DialBackResponder, ReachabilityMonitor
-from swarm.reach_rules import PRIVATE
+from swarm.reach_rules import PRIVATE, announced_direct_addrs
 from swarm.wire import Error, ErrorCode, encode_frame
 
 logger = logging.getLogger(__name__)
@@ -89,6 +92,12 @@ async def serve(
     relay = None
     if cfg.relay_service and cfg.reachability != "private":
         relay = RelayServer(load_or_create_identity(cfg.data_dir).peer_id, cfg.relay_limits)
+    why_not_mapped = skip_reason(cfg.port_mapping, cfg.reachability, net.host, net.public_address)
+    mapper = None if why_not_mapped else PortMapper()
+    if mapper is not None:
+        mapper.start_discovery()  # the search's wait overlaps the DHT node's start
+    else:
+        logger.info("no port mapping: %s", why_not_mapped)
     try:
         direct_port = None if direct is None else await direct.listen(net.host, cfg.direct_port)
         relay_port = None if relay is None else await relay.listen(net.host, cfg.relay_port)
@@ -103,7 +112,7 @@ async def serve(
             client_mode=cfg.reachability == PRIVATE,
         )
     except BaseException:
-        for server in (direct, relay):
+        for server in (direct, relay, mapper):
             if server is not None:
                 await server.close()
         artifacts.close()
@@ -115,6 +124,9 @@ async def serve(
         # Reachability first (the direct listener already answers dial-back nonces): what a peer
         # does next (take a relay, offer one) depends on it.
         await DialBackResponder().serve(dht.transport)
+        if mapper is not None:  # mapped before the probe: its dial-back confirms the mapping
+            logger.info("%s", await mapper.map(net.host, ports_to_map(
+                listen_port(dht.visible_maddrs()), direct_port, relay_port), dht.peer_id))
         model_id = cfg.model if local_path is None else manifest.model_id
         reach = ReachabilityMonitor(
             cfg.reachability, dht.transport, partial(_dialback_helpers, dht, cfg.initial_peers, model_id),
@@ -167,8 +179,9 @@ async def serve(
             except asyncio.TimeoutError:
                 logger.warning("no relay registration within %.0f s: clients cannot reach this peer yet",
                                RELAY_WAIT_S)
-        if relay is not None:
-            endpoints = direct_maddrs(bt_hosts(net, dht.visible_maddrs()), relay_port)
+        if relay is not None:  # behind a forward or a UPnP mapping, at the address a dial-back confirmed
+            local = direct_maddrs(bt_hosts(net, dht.visible_maddrs()), relay_port)
+            endpoints = announced_direct_addrs(local, reach.current, relay_port)
             tasks.append(asyncio.create_task(publish_forever(dht, relay, endpoints, cfg.announce_period_s)))
         await announcer.announce_once()
         print(
@@ -184,6 +197,8 @@ async def serve(
             ready.set()
         tasks.append(asyncio.create_task(publication.refresh_forever(dht)))
         tasks.append(asyncio.create_task(reach.run()))
+        if mapper is not None:
+            tasks.append(asyncio.create_task(mapper.run()))
         if span.prefixes is not None:
             tasks.append(asyncio.create_task(span.prefixes.publish_forever(cfg.announce_period_s)))
         if cfg.layers is None and cfg.rebalance_period_s > 0:
@@ -200,6 +215,12 @@ async def serve(
         for server in (direct, relay):
             if server is not None:
                 await server.close()
+        if mapper is not None:
+            try:
+                await asyncio.wait_for(mapper.close(), SHUTDOWN_STEP_S)
+            except asyncio.TimeoutError:
+                logger.warning("UPnP mappings not deleted within %.0f s (their lease ends them)",
+                               SHUTDOWN_STEP_S)
         await asyncio.to_thread(artifacts.close)
         try:
             await asyncio.wait_for(dht.shutdown(), SHUTDOWN_STEP_S)

@@ -458,6 +458,7 @@ def test_manifest_garbage_never_escapes_as_another_exception(data):
         ({"public_name": ""}, "public name must be printable UTF-8 text of 1..64"),
         ({"public_name": "a\nb"}, "public name"),
         ({"public_name": "\ud83d"}, "public name"),
+        ({"port_mapping": "natpmp"}, "--port-mapping must be one of auto, off"),
     ],
 )
 def test_serve_configs_that_cannot_serve(changes, needle):
