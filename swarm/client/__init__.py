@@ -3,6 +3,7 @@
 api.py         `Client`: generate / stream / chat on the swarm or locally
 generate.py    the generation loop shared by both backends: limits, deltas, stop, telemetry, and the
                repair after a caught peer (`Rewind` in, `Correction` out)
+engine.py      the interfaces both backends implement (Engine, EngineSession), `StepResult`, `Rewind`
 local.py       whole-model llama.cpp engine (local=True)
 session.py     one generation's route: sticky hops, push chaining, failover by replay (links, clock injected)
 checks.py      spot checks of a route's hops: a hop's recorded steps replayed on another peer, compared

@@ -38,7 +38,7 @@ def relayed(smollm2_path, tmp_path_factory):
 
 def test_a_long_generation_through_two_relayed_peers_equals_the_whole_model(relayed, smollm2_path):
     dht, a, b = relayed.started
-    assert f"reached through relay /ip4/127.0.0.1/tcp/" in a.stderr_text()
+    assert "reached through relay /ip4/127.0.0.1/tcp/" in a.stderr_text()
     with Client(str(smollm2_path), initial_peers=[dht.maddrs[0]]) as client:
         got = client.generate(PROMPT, max_new_tokens=N_NEW)
     assert got.text == oracle(smollm2_path, PROMPT, N_NEW)

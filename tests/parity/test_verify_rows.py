@@ -11,7 +11,6 @@ asserts the measured greedy agreement there (docs/speculative.md quotes it).
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.peer.exact_rows import VERIFY_PROBE_ROWS, probe_exact_step_rows

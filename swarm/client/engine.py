@@ -1,0 +1,103 @@
+"""What an engine is to the generation loop (swarm/client/generate.py): the interfaces the local and
+the swarm backends implement, the token they sample (`StepResult`) and the roll-back a swarm session
+raises when a caught peer's tokens are recomputed (`Rewind`).
+
+This module does not: run a model, route, or hold a generation's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from swarm.client.telemetry import GenerationTelemetry
+from swarm.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """A sampled token: id, its log-probability (None unless asked), and the top alternatives
+    [(id, logprob)]."""
+
+    token: int
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
+
+
+class Rewind(Exception):
+    """Raised by an engine session's `decode` or `verify`: tokens it gave out were computed wrong
+    (a peer was caught), and the session rolled back. Internal to the generation loop.
+
+    Attributes:
+        position: tokens (prompt + generated) that stand; every later token is replaced.
+        step: the token at `position`, sampled by the rolled-back session.
+    """
+
+    def __init__(self, position: int, step: StepResult):
+        super().__init__(f"rolled back to position {position}")
+        self.position, self.step = position, step
+
+
+class EngineSession(Protocol):
+    """One generation's state on an engine: its own llama.cpp context locally, its own hops on the swarm."""
+
+    def prefill(self, tokens: Sequence[int]) -> StepResult:
+        """Run the prompt from position 0; sample the token after it."""
+
+    def decode(self, token: int) -> StepResult:
+        """Append one token; sample the next.
+
+        Raises:
+            Rewind: (swarm) tokens given out earlier were computed wrong; `token` was not appended.
+        """
+
+    def close(self) -> None:
+        """Release the session (idempotent; always called, also after errors and interrupts)."""
+
+
+class SpeculativeSession(EngineSession, Protocol):
+    """An engine session that can verify a draft in one pass (the swarm's)."""
+
+    def verify(self, token: int, draft: Sequence[int], group_rows: int | None) -> list[StepResult]:
+        """Append `token` and the drafted tokens, keep the drafted tokens up to the first one plain
+        decoding would not have produced, and return the kept ones plus the next sampled token.
+
+        Raises:
+            Rewind: tokens given out earlier were computed wrong; nothing was appended.
+        """
+
+
+class Engine(Protocol):
+    """Opens sessions that compute next tokens; implemented by the local and swarm backends.
+
+    An engine may be shared: each `open_session` gets state of its own, so concurrent sessions
+    (threads or interleaved iterators) each give exactly their solo output. An engine that cannot
+    hold another session now raises `Busy` from `open_session` at once.
+    """
+
+    context_limit: int
+    """Tokens (prompt + generated) one session may hold on this engine."""
+
+    def session_room(self) -> int | None:
+        """Tokens (prompt + generated) a session opened now could hold, at most `context_limit`:
+        locally `context_limit`; on the swarm, what the best route's peers take per session (None
+        when no complete route exists now)."""
+
+    def open_session(
+        self, n_tokens: int, sampling: SamplingParams, telemetry: GenerationTelemetry
+    ) -> EngineSession:
+        """Open a session that will hold at most `n_tokens` tokens.
+
+        Raises:
+            Busy: (local) every session slot is in use.
+            NoRoute: (swarm) no chain of live peers with room for the session.
+        """
+
+
+class Tokenizer(Protocol):
+    """What the loop needs from a tokenizer (see `swarm.client.tokenizer.Tokenizer`)."""
+
+    def piece(self, token: int) -> bytes: ...
+
+    def is_end(self, token: int) -> bool: ...
