@@ -56,6 +56,62 @@ class PeerProcess:
         return (self.home / "stderr.log").read_text(errors="replace")
 
 
+def launch_peer(
+    root: Path,
+    name: str,
+    *args: str,
+    env: dict | None = None,
+    launcher: Sequence[str] = (),
+) -> PeerProcess:
+    """Start `swarm <args>` with SWARM_HOME=root/name, without waiting (then `wait_ready`).
+
+    Args:
+        root: directory for the peers' homes.
+        name: the peer's subdirectory.
+        args: `swarm` command line, e.g. ("serve", "--layers", "0:10", ...).
+        env: extra environment variables.
+        launcher: argv prefix that runs the process elsewhere and then execs it, so its pid stays
+            the peer's: e.g. `ip netns exec NS` for a site of the network lab (sim/netlab.py).
+    """
+    home = root / name
+    home.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, "SWARM_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(home / "stdout.log", "w") as out, open(home / "stderr.log", "w") as err:
+        proc = subprocess.Popen(
+            [*launcher, sys.executable, "-m", "swarm.cli", *args],
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+        )
+    return PeerProcess(proc, home)
+
+
+def wait_ready(peer: PeerProcess, ready_marker: str = "serving layers") -> PeerProcess:
+    """Wait until a launched peer printed its multiaddrs and `ready_marker` on stderr ("" waits only
+    for the multiaddrs); fills in `maddrs` and `peer_id`.
+
+    Raises:
+        SwarmError: the process exited or was not ready within READY_S (it is killed then).
+    """
+    name = peer.home.name
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        maddrs = [ln for ln in (peer.home / "stdout.log").read_text().splitlines() if is_ip_maddr(ln)]
+        ready = ready_marker in peer.stderr_text() if ready_marker else bool(maddrs)
+        if maddrs and ready:
+            peer.maddrs = maddrs
+            peer.peer_id = maddrs[0].rsplit("/p2p/", 1)[1]
+            return peer
+        if peer.proc.poll() is not None:
+            raise SwarmError(
+                f"peer {name} exited with status {peer.proc.returncode}: {_last_line(peer.stderr_text())}"
+            )
+        time.sleep(0.1)
+    peer.stop(signal.SIGKILL)
+    raise SwarmError(f"peer {name} was not ready within {READY_S:.0f} s: {_last_line(peer.stderr_text())}")
+
+
 def start_peer(
     root: Path,
     name: str,
@@ -64,47 +120,9 @@ def start_peer(
     env: dict | None = None,
     launcher: Sequence[str] = (),
 ) -> PeerProcess:
-    """Start `swarm <args>` with SWARM_HOME=root/name and wait until it is ready.
-
-    Args:
-        root: directory for the peers' homes.
-        name: the peer's subdirectory.
-        args: `swarm` command line, e.g. ("serve", "--layers", "0:10", ...).
-        ready_marker: text on stderr that means ready; "" waits only for the multiaddrs.
-        env: extra environment variables.
-        launcher: argv prefix that runs the process elsewhere and then execs it, so its pid stays
-            the peer's: e.g. `ip netns exec NS` for a site of the network lab (sim/netlab.py).
-    Raises:
-        SwarmError: the process exited or was not ready within READY_S.
-    """
-    home = root / name
-    home.mkdir(parents=True, exist_ok=True)
-    out = open(home / "stdout.log", "w")
-    err = open(home / "stderr.log", "w")
-    full_env = {**os.environ, "SWARM_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(
-        [*launcher, sys.executable, "-m", "swarm.cli", *args],
-        stdout=out,
-        stderr=err,
-        stdin=subprocess.DEVNULL,
-        env=full_env,
-    )
-    peer = PeerProcess(proc, home)
-    deadline = time.monotonic() + READY_S
-    while time.monotonic() < deadline:
-        maddrs = [ln for ln in (home / "stdout.log").read_text().splitlines() if is_ip_maddr(ln)]
-        ready = ready_marker in peer.stderr_text() if ready_marker else bool(maddrs)
-        if maddrs and ready:
-            peer.maddrs = maddrs
-            peer.peer_id = maddrs[0].rsplit("/p2p/", 1)[1]
-            return peer
-        if proc.poll() is not None:
-            raise SwarmError(
-                f"peer {name} exited with status {proc.returncode}: {_last_line(peer.stderr_text())}"
-            )
-        time.sleep(0.1)
-    peer.stop(signal.SIGKILL)
-    raise SwarmError(f"peer {name} was not ready within {READY_S:.0f} s: {_last_line(peer.stderr_text())}")
+    """Start `swarm <args>` with SWARM_HOME=root/name and wait until it is ready (`launch_peer`, then
+    `wait_ready`, whose errors it raises)."""
+    return wait_ready(launch_peer(root, name, *args, env=env, launcher=launcher), ready_marker)
 
 
 class PeerSet:
@@ -126,6 +144,18 @@ class PeerSet:
         peer = start_peer(self.root, name, *args, ready_marker=ready_marker, env=env, launcher=launcher)
         self.started.append(peer)
         return peer
+
+    def start_together(self, peers: Sequence[tuple[str, Sequence[str]]], ready_marker: str = "serving layers",
+                       launcher: Sequence[str] = ()) -> list[PeerProcess]:
+        """Start several peers at once, `(name, args)` each, and wait until all are ready: their
+        loading, self-measurement and DHT joins overlap instead of adding up.
+
+        Raises:
+            SwarmError: one of them failed (all of them stay in `started`, so `stop_all` stops them).
+        """
+        launched = [launch_peer(self.root, name, *args, launcher=launcher) for name, args in peers]
+        self.started.extend(launched)
+        return [wait_ready(peer, ready_marker) for peer in launched]
 
     def stop_all(self) -> None:
         """SIGTERM every peer and wait for each."""
@@ -155,21 +185,11 @@ def start_local_swarm(
     peers = PeerSet(root)
     try:
         first = peers.start("dht", "dht", ready_marker="")
-        for i, (a, b) in enumerate(even_spans(n_layers, n_spans)):
-            peers.start(
-                f"span{i}",
-                "serve",
-                "--model",
-                str(model_path),
-                "--layers",
-                f"{a}:{b}",
-                "--threads",
-                str(threads),
-                "--cache-tokens",
-                str(cache_tokens),
-                "--initial-peers",
-                first.maddrs[0],
-            )
+        peers.start_together([
+            (f"span{i}", ("serve", "--model", str(model_path), "--layers", f"{a}:{b}", "--threads", str(threads),
+                          "--cache-tokens", str(cache_tokens), "--initial-peers", first.maddrs[0]))
+            for i, (a, b) in enumerate(even_spans(n_layers, n_spans))
+        ])
     except BaseException:
         peers.stop_all()
         raise

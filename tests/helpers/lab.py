@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sim.netlab import Lab, Site
+from swarm.localswarm import launch_peer
 from tests.helpers.peers import PeerProcess, PeerSet
 
 CHAT_S = 300.0
@@ -39,6 +40,14 @@ def start_in(
     return peers.start(
         name, *args, "--host", site.address, ready_marker=ready_marker, launcher=lab.exec_prefix(site)
     )
+
+
+def launch_in(peers: PeerSet, lab: Lab, site: Site, name: str, *args: str) -> PeerProcess:
+    """Like `start_in` without waiting: the peer is in `peers.started`; `wait_ready` it later, so
+    several peers start at once."""
+    peer = launch_peer(peers.root, name, *args, "--host", site.address, launcher=lab.exec_prefix(site))
+    peers.started.append(peer)
+    return peer
 
 
 def forwarded_args(lab: Lab, site: Site, port: int, bt_port: int, direct_port: int) -> tuple[str, ...]:

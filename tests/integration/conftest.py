@@ -25,8 +25,8 @@ def smol_swarm(smollm2_path, tmp_path_factory):
     """A first peer serving 0:10 plus peers for 10:20 and 20:30 of SmolLM2 (default `serve` flags)."""
     ps = PeerSet(tmp_path_factory.mktemp("smol_swarm"))
     first = ps.start("p0", *serve_args(smollm2_path, "0:10", "--new-swarm"))
-    ps.start("p1", *serve_args(smollm2_path, "10:20", "--initial-peers", first.maddrs[0]))
-    ps.start("p2", *serve_args(smollm2_path, "20:30", "--initial-peers", first.maddrs[0]))
+    ps.start_together([(name, serve_args(smollm2_path, span, "--initial-peers", first.maddrs[0]))
+                       for name, span in (("p1", "10:20"), ("p2", "20:30"))])
     yield ps
     ps.stop_all()
 

@@ -18,7 +18,8 @@ import sys
 import pytest
 
 from sim.netlab import Lab
-from tests.helpers.lab import start_in
+from swarm.localswarm import wait_ready
+from tests.helpers.lab import launch_in, start_in
 from tests.helpers.peers import PeerSet, serve_args
 
 pytestmark = pytest.mark.lab
@@ -48,9 +49,11 @@ def test_peers_behind_nat_without_forwards_are_reported_unreachable_not_missing(
     peers = PeerSet(tmp_path)
     try:
         dht = start_in(peers, lab, lab.sites["dht"], "dht", "dht", ready_marker="")
-        for name, span in (("h0", "0:15"), ("h1", "15:30")):
-            p = start_in(peers, lab, lab.sites[name], name,
-                         *serve_args(smollm2_path, span, "--initial-peers", dht.maddrs[0], "--relay", "off"))
+        for name, span in (("h0", "0:15"), ("h1", "15:30")):  # launched together, then waited for
+            launch_in(peers, lab, lab.sites[name], name,
+                      *serve_args(smollm2_path, span, "--initial-peers", dht.maddrs[0], "--relay", "off"))
+        for name, p in zip(("h0", "h1"), peers.started[1:]):
+            wait_ready(p)
             # the DHT peer saw it at its router's WAN address and could not dial that back
             assert f"reachability private (1 peer(s) saw it at {lab.sites[name].public_address} but could " \
                    "not dial it back" in p.stderr_text()

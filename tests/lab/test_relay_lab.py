@@ -15,7 +15,8 @@ import json
 import pytest
 
 from sim.netlab import Lab
-from tests.helpers.lab import chat_in, start_in, swarm_in
+from swarm.localswarm import wait_ready
+from tests.helpers.lab import chat_in, launch_in, start_in, swarm_in
 from tests.helpers.oracle import oracle
 from tests.helpers.peers import PeerSet, serve_args
 
@@ -36,9 +37,11 @@ def nat_swarm(request, smollm2_path, tmp_path_factory):
         peers = PeerSet(tmp_path_factory.mktemp(f"nat_swarm_{request.param}"))
         try:
             dht = start_in(peers, lab, dht_site, "dht", "dht", ready_marker="")
-            for home, span in zip(homes, ("0:15", "15:30")):
-                start_in(peers, lab, home, home.name, *serve_args(
+            for home, span in zip(homes, ("0:15", "15:30")):  # launched together, then waited for
+                launch_in(peers, lab, home, home.name, *serve_args(
                     smollm2_path, span, "--initial-peers", dht.maddrs[0], "--reachability", "private"))
+            for peer in peers.started[1:]:
+                wait_ready(peer)
             yield lab, peers
         finally:
             peers.stop_all()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from sim.netlab import Lab
-from tests.helpers.lab import chat_in, forwarded_args, start_in
+from swarm.localswarm import wait_ready
+from tests.helpers.lab import chat_in, forwarded_args, launch_in, start_in
 from tests.helpers.oracle import oracle
 from tests.helpers.peers import PeerSet, serve_args
 
@@ -35,15 +36,11 @@ def far_swarm(smollm2_path, tmp_path_factory):
         peers = PeerSet(tmp_path_factory.mktemp("far_swarm"))
         try:
             dht = start_in(peers, lab, lab.sites["dht"], "dht", "dht", ready_marker="")
-            for i, span in enumerate(SPANS):
-                site = lab.sites[f"p{i}"]
-                start_in(
-                    peers,
-                    lab,
-                    site,
-                    f"p{i}",
-                    *serve_args(smollm2_path, span, "--initial-peers", dht.maddrs[0]),
-                )
+            for i, span in enumerate(SPANS):  # launched together, then waited for
+                launch_in(peers, lab, lab.sites[f"p{i}"], f"p{i}",
+                          *serve_args(smollm2_path, span, "--initial-peers", dht.maddrs[0]))
+            for peer in peers.started[1:]:
+                wait_ready(peer)
             yield lab, peers
         finally:
             peers.stop_all()
@@ -63,13 +60,10 @@ def forwarding_swarm(smollm2_path, tmp_path_factory):
             dht = start_in(peers, lab, dht_site, "dht", "dht", ready_marker="")
             for home, span in zip(homes, ("0:15", "15:30")):
                 fwd = forwarded_args(lab, home, port=41001, bt_port=41002, direct_port=41003)
-                start_in(
-                    peers,
-                    lab,
-                    home,
-                    home.name,
-                    *serve_args(smollm2_path, span, "--initial-peers", dht.maddrs[0], *fwd),
-                )
+                launch_in(peers, lab, home, home.name,
+                          *serve_args(smollm2_path, span, "--initial-peers", dht.maddrs[0], *fwd))
+            for peer in peers.started[1:]:
+                wait_ready(peer)
             yield lab, peers
         finally:
             peers.stop_all()
