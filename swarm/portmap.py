@@ -2,9 +2,11 @@
 
 `PortMapper` wraps the miniupnpc client (the C library's Python module): `start_discovery()` sends
 the SSDP search at once, in the background, so the search's wait (DISCOVER_MS) overlaps the DHT
-node's start; `map()` waits for it and asks the router for each port (same number outside, a lease
-of portmap_rules.LEASE_S); `run()` renews them at half the lease; `close()` deletes them (a clean
-stop leaves nothing on the router; a crash leaves them until their lease ends).
+node's start; `map()` waits for it (until FIRST_ANSWER_S after the start: a router answers the first
+search, and without one the peer does not wait out all SEARCHES) and asks the router for each port
+(same number outside, a lease of portmap_rules.LEASE_S); `run()` renews them at half the lease;
+`close()` deletes them (a clean stop leaves nothing on the router; a crash leaves them until their
+lease ends).
 
 Every miniupnpc call blocks (SSDP, HTTP/SOAP to the router), so each runs on the mapper's one
 thread, in order (the client object is not thread-safe), and the event loop waits at most
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -43,6 +46,9 @@ device type searched: a router answers the first (~1 s); with no router all SEAR
 (~4 s, overlapped with the DHT node's start)."""
 SEARCHES = 4
 """Device types miniupnpc searches for, one after another, while none answers."""
+FIRST_ANSWER_S = DISCOVER_MS / 1000 + 1.0
+"""`map` gives up on the search this long after it started: a router answers the first device type
+searched within DISCOVER_MS, and the peer's start should not wait out the other SEARCHES."""
 CALL_TIMEOUT_S = 10.0
 """The event loop waits this long for one call to the router (the discovery included)."""
 
@@ -59,6 +65,7 @@ class PortMapper:
         self._lease_s = lease_s
         self._upnp: Any = None  # miniupnpc.UPnP once a router answered
         self._found: asyncio.Task | None = None
+        self._search_started_s = 0.0  # time.monotonic()
         self._host, self._peer_id = "", ""
         self.router = ""
         """The router's external address as it reports it ("" until found)."""
@@ -67,6 +74,7 @@ class PortMapper:
 
     def start_discovery(self) -> None:
         """Send the SSDP search now, in the background (`map` waits for its answer)."""
+        self._search_started_s = time.monotonic()
         wait_s = CALL_TIMEOUT_S + SEARCHES * DISCOVER_MS / 1000
         self._found = asyncio.ensure_future(self._call(self._discover, timeout_s=wait_s))
 
@@ -82,8 +90,11 @@ class PortMapper:
         """
         if self._found is None:
             self.start_discovery()
+        left_s = self._search_started_s + FIRST_ANSWER_S - time.monotonic()
         try:
-            self._upnp, self.router = await self._found
+            self._upnp, self.router = await asyncio.wait_for(asyncio.shield(self._found), max(left_s, 0.0))
+        except TimeoutError:
+            return f"no port mapping: no UPnP router answered within {FIRST_ANSWER_S:.1f} s"
         except Exception as e:  # miniupnpc raises plain Exception with UPnP's error text
             return f"no port mapping: {_why(e)}"
         self._host, self._peer_id = internal_host(host, self._upnp.lanaddr), peer_id
