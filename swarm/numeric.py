@@ -21,8 +21,9 @@ Gemma-3-270M; scripts/numeric_threads.py, docs/benchmarks.md "Decode threads"). 
 is split across threads by rows, each row summed whole by one thread, so prefill is
 thread-independent. llama.cpp runs a ubatch of one token on its `n_threads` and a longer one on
 `n_threads_batch`: every path sets n_threads = 1 and n_threads_batch to its configured count.
-Switching flash attention off instead would remove the split but change the rows that speculative
-decoding's verify groups prove exact (swarm/peer/exact_rows.py), so it stays on.
+Switching flash attention off instead removes the split, but a trial of it (issue 27) broke the
+exact row groups of speculative decoding's verify passes (swarm/peer/exact_rows.py; 7 failures in
+tests/integration/test_speculative.py), so it stays on.
 
 The local backend (swarm/client/local.py) sets llama.cpp's n_ubatch to G and n_threads to 1 and
 feeds the prompt in batches of a multiple of G from position 0; a peer's executor (csrc/swarm_span.c,
