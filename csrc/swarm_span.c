@@ -167,8 +167,9 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
     // One-row ubatches (decode steps) run on 1 thread, multi-row ones on n_threads (llama.cpp picks
     // n_threads for a ubatch of one token, n_threads_batch otherwise). ggml's CPU flash attention
     // splits a one-row query's KV cells across the threads once the view holds >= 512 cells and sums
-    // the partials, so a decode step's logits would depend on the thread count (measured: up to
-    // 0.77 logits on SmolLM2, 17 on Gemma-3); multi-row ubatches split by rows and do not.
+    // the partials, so a decode step's logits would depend on the thread count (measured by
+    // scripts/numeric_threads.py: up to 1.3 logits on SmolLM2); multi-row ubatches split by rows
+    // and do not.
     // The numeric contract (swarm/numeric.py) decodes at 1 thread on every path.
     cp.n_threads       = 1;
     cp.n_threads_batch = p->n_threads;

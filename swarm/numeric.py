@@ -15,13 +15,15 @@ already differs). So every path groups rows alike:
 Why 1 thread for a one-row step: ggml's CPU flash attention splits a single query row's KV cells
 across the threads once the attention view holds 512 cells or more (llama.cpp pads the view to a
 multiple of 256, so past 256 cached tokens) and adds the per-thread partial sums, so the sum's
-rounding, and the logits, depend on the thread count (measured, a 2-thread against a 1-thread decode
-step: up to 0.77 logits on SmolLM2, 0.47 on Qwen2.5-0.5B, 17.3 on Gemma-3-270M). A multi-row ubatch
+rounding, and the logits, depend on the thread count (measured, 2-thread against 1-thread decode
+steps after 300-1,100-token prompts: up to 1.33 logits on SmolLM2, 0.47 on Qwen2.5-0.5B, 1.31 on
+Gemma-3-270M; scripts/numeric_threads.py, docs/benchmarks.md "Decode threads"). A multi-row ubatch
 is split across threads by rows, each row summed whole by one thread, so prefill is
 thread-independent. llama.cpp runs a ubatch of one token on its `n_threads` and a longer one on
 `n_threads_batch`: every path sets n_threads = 1 and n_threads_batch to its configured count.
-Switching flash attention off instead would remove the split but change the rows that speculative
-decoding's verify groups prove exact (swarm/peer/exact_rows.py), so it stays on.
+Switching flash attention off instead removes the split, but a trial of it (issue 27) broke the
+exact row groups of speculative decoding's verify passes (swarm/peer/exact_rows.py; 7 failures in
+tests/integration/test_speculative.py), so it stays on.
 
 The local backend (swarm/client/local.py) sets llama.cpp's n_ubatch to G and n_threads to 1 and
 feeds the prompt in batches of a multiple of G from position 0; a peer's executor (csrc/swarm_span.c,

@@ -10,8 +10,9 @@ the token ids of llama.cpp's whole model run under the contract (tests/helpers/o
 gives them too. Before decode steps ran on 1 thread everywhere, the oracle and the local backend
 decoded on 2 threads and this route parted from them at token 4-8 of the 300-1,100-token prompts.
 
-Gemma-3 270M across its 512-token sliding window: two peers (0:9, 9:18) of this module, prompts of
-600 and 1,100 tokens, chunks 64 and 512, greedy and seeded.
+Gemma-3 270M across its 512-token sliding window: two peers (0:9 on 1 thread, 9:18 on 2: a peer's
+`--threads` serves only its multi-row steps) of this module, prompts of 600 and 1,100 tokens,
+chunks 64 and 512, greedy and seeded.
 """
 
 from __future__ import annotations
@@ -86,12 +87,13 @@ def test_a_restored_prefix_gives_the_whole_model_too(smol_swarm, smollm2_path, p
 
 @pytest.fixture(scope="module")
 def gemma_clients(gemma_path, tmp_path_factory):
-    """Gemma-3 270M as 0:9 and 9:18; one client per chunk in GEMMA_CHUNKS, prefix reuse off."""
+    """Gemma-3 270M as 0:9 (1 thread) and 9:18 (2 threads); one client per chunk in GEMMA_CHUNKS,
+    prefix reuse off."""
     ps = PeerSet(tmp_path_factory.mktemp("gemma_swarm"))
     out = {}
     try:
         first = ps.start("g0", *serve_args(gemma_path, "0:9", "--new-swarm"))
-        ps.start("g1", *serve_args(gemma_path, "9:18", "--initial-peers", first.maddrs[0]))
+        ps.start("g1", *serve_args(gemma_path, "9:18", "--initial-peers", first.maddrs[0], "--threads", "2"))
         for chunk in GEMMA_CHUNKS:
             client = Client(str(gemma_path), initial_peers=first.maddrs, prefill_chunk_tokens=chunk)
             client._engine.reuse_prefixes = False  # noqa: SLF001 - the engine's documented switch
