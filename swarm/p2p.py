@@ -36,9 +36,10 @@ logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 
-LINGER_S = 2.0
-"""How long `FramedStream.linger_close` keeps reading after a refusal (s): long enough for a frame
-already in flight on a slow link to arrive, short enough that a sender that never stops costs little."""
+LINGER_IDLE_S = 2.0
+"""`FramedStream.linger_close` stops reading when the remote sent nothing for this long (s)."""
+LINGER_MAX_S = 30.0
+"""... and after this long in all (s), so a sender that trickles costs little: 60 MiB at 2 MB/s."""
 
 
 class StreamClosed(PeerUnreachable):
@@ -104,6 +105,7 @@ class FramedStream:
         self._writer = writer
         self._closed = False
         self._gate: FrameGate | None = None
+        self._refused_bytes = 0
         self._release: Callable[[], None] | None = None
 
     def set_gate(self, gate: FrameGate | None) -> None:
@@ -207,7 +209,9 @@ class FramedStream:
                 f"over the limit of {self._max_wire_bytes}"
             )
         if self._gate is not None:
+            self._refused_bytes = length  # what `linger_close` drains if the gate refuses the frame
             self._release = await self._gate(length)
+            self._refused_bytes = 0
         try:
             data = await self._reader.readexactly(length)
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
@@ -238,26 +242,32 @@ class FramedStream:
         except (ConnectionError, OSError):
             pass
 
-    async def linger_close(self, linger_s: float = LINGER_S) -> None:
+    async def linger_close(self) -> None:
         """Close after a refusal so that the refusal reaches the remote: stop sending, then read
-        and discard what the remote still sends until it hangs up or `linger_s` seconds pass.
+        and discard the rest of the refused frame (what the remote still sends, up to the frame's
+        announced length) until it hangs up, goes quiet for LINGER_IDLE_S, or LINGER_MAX_S pass.
 
         Closing a socket with unread bytes in its receive buffer makes the kernel send a reset,
         which can destroy the refusal frame before the remote reads it; RFC 9112 section 9.6
-        ("lingering close") gives the same advice to HTTP servers. The discarded bytes are never
-        buffered beyond one read.
+        ("lingering close") gives the same advice to HTTP servers. Waiting for the refused frame's
+        last byte, rather than a fixed time, keeps that true on a loaded machine or a slow link.
+        The discarded bytes are never buffered beyond one read.
         """
         self._release_frame()
         if self._closed:
             return
+        left = self._refused_bytes
         try:
             if self._writer.can_write_eof():
                 self._writer.write_eof()
-            async with asyncio.timeout(linger_s):
-                while await self._reader.read(1 << 16):
-                    pass
+            async with asyncio.timeout(LINGER_MAX_S):
+                while left > 0:
+                    data = await asyncio.wait_for(self._reader.read(min(left, 1 << 16)), LINGER_IDLE_S)
+                    if not data:
+                        break
+                    left -= len(data)
         except (TimeoutError, ConnectionError, OSError, RuntimeError):
-            pass  # the remote went away or kept sending: close either way
+            pass  # the remote went away, went quiet or kept trickling: close either way
         await self.close()
 
     async def __aenter__(self) -> "FramedStream":
