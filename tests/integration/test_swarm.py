@@ -57,14 +57,18 @@ def test_direct_streams_fall_back_to_libp2p_with_the_same_answer(smol_swarm, smo
         client._engine.transport.direct = False  # noqa: SLF001 - the engine's documented switch
         libp2p_only = client.generate(PROMPT, max_new_tokens=16)
     assert fell_back.text == again.text == libp2p_only.text == expected
-    assert [h.transport for h in fell_back.telemetry.route] == ["direct", "libp2p", "direct"]
-    assert [h.transport for h in again.telemetry.route] == ["direct", "libp2p", "direct"]
     assert [h.transport for h in libp2p_only.telemetry.route] == ["libp2p"] * 3
     # the user can see why the middle hop went through libp2p, also when it was remembered
     for got in (fell_back, again):
-        why = [h.direct_error for h in got.telemetry.route]
-        assert why[0] == why[2] == "" and "Connection refused dialling 127.0.0.1:1" in why[1], why  # refused
-        assert f"(libp2p) (direct failed: {why[1]})" in got.telemetry.summary()
+        route = got.telemetry.route
+        assert route[1].transport == "libp2p"
+        assert "Connection refused dialling 127.0.0.1:1" in route[1].direct_error, route[1].direct_error
+        assert f"(libp2p) (direct failed: {route[1].direct_error})" in got.telemetry.summary()
+        # The other hops dial direct. Their hops open at once, and on a loaded machine a direct dial
+        # may miss its head start (swarm/dialing.py, RFC 8305): libp2p then wins, saying so.
+        for hop in (route[0], route[2]):
+            assert (hop.transport, hop.direct_error) == ("direct", "") or (
+                hop.transport == "libp2p" and hop.direct_error.startswith("direct dial abandoned")), hop
     assert [h.direct_error for h in libp2p_only.telemetry.route] == [""] * 3  # not tried, not failed
 
 
