@@ -17,6 +17,8 @@ chunks 64 and 512, greedy and seeded.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,20 +38,26 @@ N_NEW = 48
 SAMPLINGS = {"greedy": (0.0, 0), "seeded": (0.8, 1)}  # (temperature, seed)
 
 
-@pytest.fixture(scope="module")
-def clients(smol_swarm, smollm2_path):
-    """One client per prefill chunk size, prefix reuse off."""
-    out = {}
+@contextmanager
+def chunk_clients(model: Path, initial_peers: list[str], chunks: tuple[int, ...]) -> Iterator[dict[int, Client]]:
+    """One client per prefill chunk size in `chunks`, prefix reuse off (every row is computed)."""
+    out: dict[int, Client] = {}
     try:
-        for chunk in CHUNKS:
-            client = Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs,
-                            prefill_chunk_tokens=chunk)
+        for chunk in chunks:
+            client = Client(str(model), initial_peers=initial_peers, prefill_chunk_tokens=chunk)
             client._engine.reuse_prefixes = False  # noqa: SLF001 - the engine's documented switch
             out[chunk] = client
         yield out
     finally:
         for client in out.values():
             client.close()
+
+
+@pytest.fixture(scope="module")
+def clients(smol_swarm, smollm2_path):
+    """One client per prefill chunk size in CHUNKS, prefix reuse off."""
+    with chunk_clients(smollm2_path, smol_swarm.started[0].maddrs, CHUNKS) as out:
+        yield out
 
 
 @pytest.fixture(scope="module")
@@ -90,18 +98,12 @@ def gemma_clients(gemma_path, tmp_path_factory):
     """Gemma-3 270M as 0:9 (1 thread) and 9:18 (2 threads); one client per chunk in GEMMA_CHUNKS,
     prefix reuse off."""
     ps = PeerSet(tmp_path_factory.mktemp("gemma_swarm"))
-    out = {}
     try:
         first = ps.start("g0", *serve_args(gemma_path, "0:9", "--new-swarm"))
         ps.start("g1", *serve_args(gemma_path, "9:18", "--initial-peers", first.maddrs[0], "--threads", "2"))
-        for chunk in GEMMA_CHUNKS:
-            client = Client(str(gemma_path), initial_peers=first.maddrs, prefill_chunk_tokens=chunk)
-            client._engine.reuse_prefixes = False  # noqa: SLF001 - the engine's documented switch
-            out[chunk] = client
-        yield out
+        with chunk_clients(gemma_path, first.maddrs, GEMMA_CHUNKS) as out:
+            yield out
     finally:
-        for client in out.values():
-            client.close()
         ps.stop_all()
 
 
