@@ -24,6 +24,7 @@ struct swarm_span {
     int32_t  n_ubatch;       // effective llama_n_ubatch(ctx)
     uint32_t n_seq_max;
     bool     is_last;
+    bool     require_tokens;  // steps must carry token ids (swarm_span_params.require_token_ids)
     char     capture[CAPTURE_NAME_MAX + 16];  // "<capture_name>-<layer>"
 
     // per-call batch arrays, sized n_batch
@@ -44,6 +45,7 @@ struct swarm_span {
     llama_seq_id  * seq_ids;
     llama_seq_id ** seq_ptrs;
     float         * cap_scratch;   // [n_batch, n_embd]; NULL on the last span
+    llama_token   * tok_scratch;   // [n_batch] token ids of a batch's rows (require_tokens only)
 
     // positions llama.cpp reads per token of an embedding batch: GGML_MROPE_SECTIONS for M-RoPE
     // models (section-major, pos[j * n_tokens + i]), else 1; `pos` holds n_batch * 4 entries
@@ -76,13 +78,16 @@ static bool capture_cb(struct ggml_tensor * t, bool ask, void * ud) {
     if (ask) {
         return s->cap_dst != NULL;
     }
-    if (t->type != GGML_TYPE_F32 || t->ne[0] != s->n_embd || !ggml_is_contiguous(t) ||
-        s->cap_rows + t->ne[1] > s->cap_max_rows) {
+    // a row is [n_embd] or, for a hyper-connection residual (deepseek4), [n_embd / hc, hc]
+    const int64_t rows = t->ne[0] == s->n_embd ? t->ne[1] * t->ne[2] * t->ne[3]
+                       : t->ne[0] * t->ne[1] == s->n_embd ? t->ne[2] * t->ne[3] : -1;
+    if (t->type != GGML_TYPE_F32 || rows < 0 || !ggml_is_contiguous(t) ||
+        s->cap_rows + rows > s->cap_max_rows) {
         s->cap_err = 1;
         return true;
     }
     ggml_backend_tensor_get(t, s->cap_dst + s->cap_rows * s->n_embd, 0, ggml_nbytes(t));
-    s->cap_rows += t->ne[1];
+    s->cap_rows += rows;
     return true;
 }
 
@@ -103,6 +108,12 @@ static int alloc_batch(struct swarm_span * s) {
     if (!s->is_last) {
         s->cap_scratch = malloc(n * (size_t) s->n_embd * sizeof(float));
         if (!s->cap_scratch) {
+            return SWARM_ERR_CONTEXT;
+        }
+    }
+    if (s->require_tokens) {
+        s->tok_scratch = malloc(n * sizeof(*s->tok_scratch));
+        if (!s->tok_scratch) {
             return SWARM_ERR_CONTEXT;
         }
     }
@@ -135,6 +146,7 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
         return SWARM_ERR_CONTEXT;
     }
     s->is_last   = p->is_last != 0;
+    s->require_tokens = p->require_token_ids != 0;
     s->n_seq_max = p->n_seq_max;
     if (!s->is_last) {
         snprintf(s->capture, sizeof(s->capture), "%s-%d", p->capture_name, p->capture_layer);
@@ -147,7 +159,7 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
         free(s);
         return SWARM_ERR_LOAD;
     }
-    s->n_embd  = llama_model_n_embd(s->model);
+    s->n_embd  = llama_model_n_embd_inp(s->model);
     {
         const enum llama_rope_type rt = llama_model_rope_type(s->model);
         const bool mrope = rt == LLAMA_ROPE_TYPE_MROPE || rt == LLAMA_ROPE_TYPE_IMROPE;
@@ -217,6 +229,7 @@ void swarm_span_close(struct swarm_span * s) {
     free(s->seq_ids);
     free(s->seq_ptrs);
     free(s->cap_scratch);
+    free(s->tok_scratch);
     free(s);
 }
 
@@ -258,7 +271,7 @@ static int decode_chunk(struct swarm_span * s, const struct swarm_span_step * st
     }
     struct llama_batch b = {
         .n_tokens = n,
-        .token    = NULL,
+        .token    = s->require_tokens ? (llama_token *) st->token_ids + off : NULL,
         .embd     = (float *) st->embd + (size_t) off * s->n_embd,
         .pos      = s->pos,
         .n_seq_id = s->n_seq_id,
@@ -296,6 +309,7 @@ static int decode_chunk(struct swarm_span * s, const struct swarm_span_step * st
 
 int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * st) {
     if (!s || !st || !st->embd || !st->out || st->n_tokens < 1 || st->pos0 < 0 ||
+        (s->require_tokens && !st->token_ids) ||
         st->pos0 > INT32_MAX - st->n_tokens) {
         return SWARM_ERR_ARG;
     }
@@ -325,7 +339,8 @@ int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * st)
 
 // Checks one step of a batch: arguments, sequence id, output capacity, position continuity.
 static int check_step(struct swarm_span * s, const struct swarm_span_step * st) {
-    if (!st->embd || !st->out || st->n_tokens < 1 || st->pos0 < 0 || st->pos0 > INT32_MAX - st->n_tokens) {
+    if (!st->embd || !st->out || st->n_tokens < 1 || st->pos0 < 0 || st->pos0 > INT32_MAX - st->n_tokens ||
+        (s->require_tokens && !st->token_ids)) {
         return SWARM_ERR_ARG;
     }
     int rc = check_seq(s, st->seq_id);
@@ -375,6 +390,9 @@ static int decode_group(struct swarm_span * s, const struct swarm_span_step * st
     for (int32_t k = g0; k < g1; k++) {
         const struct swarm_span_step * st = &steps[order[k]];
         memcpy(embd + (size_t) t * s->n_embd, st->embd, sizeof(float) * (size_t) st->n_tokens * s->n_embd);
+        if (s->require_tokens) {
+            memcpy(s->tok_scratch + t, st->token_ids, sizeof(*s->tok_scratch) * (size_t) st->n_tokens);
+        }
         for (int32_t i = 0; i < st->n_tokens; i++, t++) {
             s->pos[t]     = st->pos0 + i;
             s->seq_ids[t] = st->seq_id;
@@ -383,7 +401,7 @@ static int decode_group(struct swarm_span * s, const struct swarm_span_step * st
     }
     struct llama_batch b = {
         .n_tokens = t,
-        .token    = NULL,
+        .token    = s->require_tokens ? s->tok_scratch : NULL,
         .embd     = embd,
         .pos      = s->pos,
         .n_seq_id = s->n_seq_id,

@@ -60,6 +60,8 @@ struct swarm_span_params {
     const char * capture_name;   // e.g. "l_out"; ignored when is_last; copied during open
     int32_t      capture_layer;  // block index inside the span file, normally n_layers - 1
     int32_t      is_last;        // 1: return logits (needs a vocabulary), 0: return hidden states
+    int32_t      require_token_ids; // 1: every step must carry token_ids (layers of the span read them,
+                                 // e.g. deepseek4's hash-routed MoE layers); 0: token_ids are ignored
 };
 
 // One forward step of one sequence.
@@ -74,6 +76,8 @@ struct swarm_span_step {
                                //   last, all_logits = 0: n_vocab -> logits of the last token [1, n_vocab]
                                //   last, all_logits = 1: n_tokens * n_vocab -> [n_tokens, n_vocab]
     int32_t       all_logits;  // last span only: 1 = logits for every token
+    const int32_t * token_ids; // [n_tokens] token id of each row, or NULL; required when the span was
+                               // opened with require_token_ids, ignored otherwise
 };
 
 // Load the span file and create its context. On success *out owns the handle (free it with
@@ -83,7 +87,9 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
 // Release the handle, its context and model. NULL is allowed.
 void swarm_span_close(struct swarm_span * s);
 
-int32_t swarm_span_n_embd (const struct swarm_span * s);  // hidden size of the model
+int32_t swarm_span_n_embd (const struct swarm_span * s);  // width of a hidden-state row in and out:
+                                                          // llama_model_n_embd_inp (n_embd, or hc x n_embd
+                                                          // for a deepseek4 span file)
 int32_t swarm_span_n_vocab(const struct swarm_span * s);  // 1 for a non-final span
 int32_t swarm_span_n_ctx  (const struct swarm_span * s);  // KV cells in all, after llama.cpp's rounding
 int32_t swarm_span_n_ctx_seq(const struct swarm_span * s); // KV cells of one sequence's stream: the most

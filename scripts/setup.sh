@@ -26,13 +26,27 @@ else
   LLAMA_FLAGS=""
   FLAVOUR=native
 fi
+# The llama.cpp it vendors gets the project's patches first (patches/llama.cpp, applied in name
+# order; what they add: docs/layer-range.md); the wheel is keyed by their hash too.
+PATCHES=$(ls patches/llama.cpp/*.patch)
+PATCH_HASH=$(cat $PATCHES | sha256sum | cut -c1-12)
+FLAVOUR="$FLAVOUR-$PATCH_HASH"
 WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/swarm/wheels/llama-cpp-python-$LLAMA_CPP_PYTHON-$FLAVOUR"
 if [ "$(cat .venv/.llama-flavour 2>/dev/null)" != "$LLAMA_CPP_PYTHON-$FLAVOUR" ]; then
   if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     echo "building llama-cpp-python $LLAMA_CPP_PYTHON ($FLAVOUR): 4-6 minutes on 2 cores" >&2
-    CMAKE_ARGS="$LLAMA_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
-      .venv/bin/python -m pip wheel --quiet --no-deps --no-cache-dir -w "$WHEELS.tmp" \
+    SRC=$(mktemp -d)
+    trap 'rm -rf "$SRC"' EXIT
+    .venv/bin/python -m pip download --quiet --no-deps --no-binary :all: -d "$SRC" \
       "llama-cpp-python==$LLAMA_CPP_PYTHON"
+    tar -xzf "$SRC"/llama_cpp_python-"$LLAMA_CPP_PYTHON".tar.gz -C "$SRC"
+    SDIST="$SRC/llama_cpp_python-$LLAMA_CPP_PYTHON"
+    rm -f "$SDIST/vendor/llama.cpp/.git"  # a submodule link to nothing: git apply works on plain files
+    for p in $PATCHES; do
+      git -C "$SDIST/vendor/llama.cpp" apply -p1 "$PWD/$p"
+    done
+    CMAKE_ARGS="$LLAMA_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
+      .venv/bin/python -m pip wheel --quiet --no-deps --no-cache-dir -w "$WHEELS.tmp" "$SDIST"
     mv "$WHEELS.tmp" "$WHEELS"
   fi
   .venv/bin/python -m pip install --quiet --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl

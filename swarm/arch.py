@@ -118,6 +118,8 @@ class Sideband:
         dtype: numpy dtype string of one element.
         per_token: elements per token.
         reason: why the boundary needs it.
+        when_key: None (every span reads it), or a leading-count key suffix of the row: only a span
+            whose file has `<arch>.<when_key>` > 0 reads it (the layers that need it lie in front).
     """
 
     name: str
@@ -125,6 +127,7 @@ class Sideband:
     dtype: str
     per_token: int
     reason: str
+    when_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,11 +144,13 @@ class ArchRow:
             `sqrtf(n_embd)` (f32) only when fed token ids, so whoever embeds tokens applies it.
         tied_head_fallback: the output head may be absent, in which case llama.cpp uses
             `token_embd.weight` as the head.
-        state_kind: "kv" (attention KV cache; rollback by position is exact) or "hybrid" (KV for the
+        state_kind: "kv" (attention KV cache; rollback by position is exact), "hybrid" (KV for the
             attention layers plus a per-sequence recurrent state for the others: the state holds only
             the latest position, so a sequence cannot be truncated to an earlier position; a span
             keeps its own layers' state, so it can still be split, and a whole-sequence snapshot
-            (export/import at the sequence's end) stays exact).
+            (export/import at the sequence's end) stays exact) or "compressed" (deepseek4: besides a
+            raw window, the cache keeps entries compressed over groups of 4 and 128 positions, which
+            llama.cpp cannot cut back to an earlier position; snapshots at the end stay exact).
         swa_pattern: None, or how llama.cpp derives per-layer sliding-window flags implicitly.
         derived_layer_keys: more per-layer arrays llama.cpp derives from the index in the file
             when absent (`SwaPattern` with `array_key_suffix`, or `LayerTable`); slicing writes
@@ -163,8 +168,10 @@ class ArchRow:
             `span_length_reason`.
         sidebands: what besides the hidden state must cross each hop, typed and versioned.
         boundary_width: residual-stream rows per token per hop, in units of `n_embd` float32.
-        split_refusal: None, or why unmodified llama.cpp cannot run this architecture from hidden
-            states: `swarm serve` and slicing refuse it with this reason.
+        residual_input: span files say `<arch>.residual_input = true`: with the project's llama.cpp
+            patch (patches/llama.cpp, docs/layer-range.md) a span's input rows are the residual
+            stream entering its first block (`boundary_width` x n_embd), its token ids come beside
+            them, and only the final span has the head. The client builds the first span's input.
         cut_constraint: None, or where spans may start (`swarm.ggml_bridge.slicing.legal_starts`).
         mixed_span: None, or every span must hold layers of both kinds of a per-layer flag.
         pos_per_token: positions llama.cpp reads per token of an embedding batch (M-RoPE: 4, section-
@@ -196,7 +203,7 @@ class ArchRow:
     span_length_reason: str = ""
     sidebands: tuple[Sideband, ...] = ()
     boundary_width: int = 1
-    split_refusal: str | None = None
+    residual_input: bool = False
     cut_constraint: CutConstraint | None = None
     mixed_span: MixedSpan | None = None
     pos_per_token: int = 1
@@ -255,14 +262,10 @@ _MTP = "nextn_predict_layers"
 
 # DeepSeek-V4: the residual stream is `hyper_connection.count` (4) copies of n_embd per token
 # (llama.cpp builds [n_embd, hc, n_tokens] from the embedding with ggml_repeat), the first
-# `hash_layer_count` layers route experts by token id (ffn_gate_tid2eid), and a batch given as
-# embeddings takes the multimodal path (ubatch.embd != NULL -> exp_probs_b_vl, no hash routing).
-_DSV4_REFUSAL = (
-    "llama.cpp's deepseek4 graph cannot run a layer span from hidden states: its residual stream is "
-    "hyper_connection.count x n_embd per token (it repeats the n_embd input embedding hc times), its "
-    "hash-routed layers read token ids, and an embedding batch takes the multimodal routing path; "
-    "serving it needs a modified executor (see docs/deepseek-v4-flash.md)"
-)
+# `hash_layer_count` layers route experts by token id (ffn_gate_tid2eid), and unpatched llama.cpp
+# takes a batch given as embeddings for media (exp_probs_b_vl, no hash routing). The project's
+# patch (patches/llama.cpp) adds `<arch>.residual_input`: the span takes the [hc, n_embd] state and
+# the token ids, and routes as for text.
 
 _ROWS: dict[str, ArchRow] = {
     row.name: row
@@ -307,9 +310,11 @@ _ROWS: dict[str, ArchRow] = {
             leading_count_keys=("hash_layer_count",),
             mtp_layers_key=_MTP,
             boundary_width=4,
+            residual_input=True,
+            state_kind="compressed",
             sidebands=(Sideband(name="token_ids", version=1, dtype="<i4", per_token=1,
-                                reason="hash-routed MoE layers pick experts by token id at every span"),),
-            split_refusal=_DSV4_REFUSAL,
+                                reason="hash-routed MoE layers pick experts by token id",
+                                when_key="hash_layer_count"),),
         ),
     )
 }
@@ -325,19 +330,6 @@ def arch_row(arch: str) -> ArchRow:
     if row is None:
         known = ", ".join(sorted(_ROWS))
         raise UnsupportedArchitecture(f"architecture {arch!r} is not supported (supported: {known})")
-    return row
-
-
-def servable_row(arch: str) -> ArchRow:
-    """The row for `arch`, checked that a peer can run layer spans of it from hidden states.
-
-    Raises:
-        UnsupportedArchitecture: no row, or the row's `split_refusal` (the message gives the reason).
-    """
-    row = arch_row(arch)
-    if row.split_refusal is not None:
-        raise UnsupportedArchitecture(
-            f"architecture {arch!r} cannot be served as layer spans: {row.split_refusal}")
     return row
 
 

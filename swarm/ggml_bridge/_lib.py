@@ -43,6 +43,7 @@ class SpanParams(ctypes.Structure):
         ("capture_name", c_char_p),
         ("capture_layer", c_int32),
         ("is_last", c_int32),
+        ("require_token_ids", c_int32),
     ]
 
 
@@ -57,6 +58,7 @@ class SpanStep(ctypes.Structure):
         ("out", POINTER(c_float)),
         ("out_cap", c_size_t),
         ("all_logits", c_int32),
+        ("token_ids", POINTER(c_int32)),
     ]
 
 

@@ -4,7 +4,9 @@ The client embeds tokens itself so every span (the first one included) takes hid
 Rows are read from the memory-mapped GGUF and dequantized with ggml's own `to_float` (through
 libswarm_span), then scaled as the architecture's graph scales token embeddings (gemma3:
 `ggml_scale(x, sqrtf(n_embd))`), so the result is bit-identical to what the whole model feeds
-its first block.
+its first block. Where the residual stream is wider than one embedding (deepseek4's
+`hyper_connection.count` streams: `ArchRow.boundary_width`), each row is repeated that many times,
+as llama.cpp's `ggml_repeat_4d` builds the first block's input.
 
 This module does not tokenize text and does not run any layer.
 """
@@ -57,11 +59,12 @@ class TokenEmbedder:
             raise ModelError(f"{model_path}: cannot map {_EMBD_TENSOR}: {e}") from e
         self._scale = np.float32(np.sqrt(np.float32(self._n_embd))) if row.embedding_scale == "sqrt_hidden" \
             else None
+        self._streams = row.boundary_width
 
     @property
     def n_embd(self) -> int:
-        """Width of each embedding row."""
-        return self._n_embd
+        """Width of each returned row: the model's hidden size times its residual streams."""
+        return self._n_embd * self._streams
 
     @property
     def n_vocab(self) -> int:
@@ -74,7 +77,8 @@ class TokenEmbedder:
         Args:
             ids: token ids, each in [0, n_vocab); at least one.
         Returns:
-            [len(ids), n_embd] float32, scaled as the architecture's graph scales token inputs.
+            [len(ids), n_embd] float32 (`n_embd` is this object's: hidden size x residual streams),
+            scaled as the architecture's graph scales token inputs.
         Raises:
             ExecutorError: empty ids, an id out of range or not an integer, or an unsupported type.
         """
@@ -96,4 +100,4 @@ class TokenEmbedder:
             raise ExecutorError(f"cannot dequantize token_embd: {self._so.swarm_status_str(rc).decode()}")
         if self._scale is not None:
             out *= self._scale
-        return out
+        return np.tile(out, (1, self._streams)) if self._streams > 1 else out

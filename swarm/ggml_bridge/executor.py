@@ -47,6 +47,8 @@ class ExecutorConfig:
         n_ubatch: llama.cpp physical batch, <= n_batch.
         flash_attn: llama.cpp flash attention. On (default), as in every parity reference, which
             must use the same setting (llama-cpp-python: `Llama(flash_attn=True)`).
+        require_token_ids: every step must carry its rows' token ids (the span holds layers that
+            read them: the arch row's `token_ids` sideband, e.g. deepseek4's hash-routed layers).
     """
 
     n_ctx_tokens: int
@@ -58,6 +60,7 @@ class ExecutorConfig:
     n_batch: int = 512
     n_ubatch: int = 512
     flash_attn: bool = True
+    require_token_ids: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,15 @@ class BatchStep:
         pos0: position of the first row; pos_max(seq_id) + 1.
         hidden: [n, n_embd] float32 (float16 accepted), n >= 1, finite.
         all_logits: last span only: logits of every row instead of the last.
+        token_ids: [n] token id of each row (int, in [0, n_vocab)); needed by a span that
+            `needs_token_ids`, ignored by the others.
     """
 
     seq_id: int
     pos0: int
     hidden: np.ndarray
     all_logits: bool = False
+    token_ids: np.ndarray | None = None
 
 
 class SpanExecutor:
@@ -101,6 +107,7 @@ class SpanExecutor:
             capture_name=config.capture_name.encode(),
             capture_layer=config.capture_layer,
             is_last=1 if config.is_last else 0,
+            require_token_ids=1 if config.require_token_ids else 0,
         )
         handle = ctypes.c_void_p()
         rc = self._so.swarm_span_open(ctypes.byref(params), ctypes.byref(handle))
@@ -129,13 +136,20 @@ class SpanExecutor:
         config = ExecutorConfig(n_ctx_tokens=n_ctx_tokens, n_seq_max=n_seq_max, n_threads=n_threads,
                                 is_last=end == n_layers, capture_name=row.capture_name,
                                 capture_layer=end - start - 1, n_batch=n_batch,
-                                n_ubatch=n_batch, flash_attn=flash_attn)
+                                n_ubatch=n_batch, flash_attn=flash_attn,
+                                require_token_ids=span_reads_token_ids(span))
         return cls(span, config)
 
     @property
     def n_embd(self) -> int:
-        """Hidden size: width of every input row and of non-last outputs."""
+        """Width of every hidden-state row in and of non-last outputs: the model's hidden size times
+        its row's `boundary_width` (deepseek4: 4 hyper-connection streams)."""
         return self._n_embd
+
+    @property
+    def needs_token_ids(self) -> bool:
+        """Every step must carry its rows' token ids (`BatchStep.token_ids`)."""
+        return self._config.require_token_ids
 
     @property
     def n_vocab(self) -> int:
@@ -174,7 +188,8 @@ class SpanExecutor:
         A step that would pass it fails with "KV cache full" and leaves the sequence as it was."""
         return self._n_ctx_seq_tokens
 
-    def forward(self, seq_id: int, pos0: int, hidden: np.ndarray, *, all_logits: bool = False) -> np.ndarray:
+    def forward(self, seq_id: int, pos0: int, hidden: np.ndarray, *, all_logits: bool = False,
+                token_ids: np.ndarray | None = None) -> np.ndarray:
         """Run the span's layers on `n` new tokens of sequence `seq_id`.
 
         Args:
@@ -182,6 +197,7 @@ class SpanExecutor:
             pos0: position of the first row; must equal pos_max(seq_id) + 1 (0 for an empty sequence).
             hidden: [n, n_embd] float32 (float16 accepted, converted), n >= 1, all finite.
             all_logits: last span only: logits for every row instead of the last one.
+            token_ids: [n] the rows' token ids; required when `needs_token_ids`, else ignored.
         Returns:
             non-last span: [n, n_embd] float32 hidden states after the span's last block;
             last span: [1, n_vocab] float32 logits of the last row, or [n, n_vocab] with all_logits.
@@ -189,7 +205,7 @@ class SpanExecutor:
             ExecutorError: bad shape/dtype/values, unknown seq id, non-contiguous position, KV cache
                 full, llama.cpp failure. The sequence is unchanged after any error.
         """
-        out, step, _x = self._prepare(BatchStep(seq_id, pos0, hidden, all_logits))
+        out, step, _x, _ids = self._prepare(BatchStep(seq_id, pos0, hidden, all_logits, token_ids))
         rc = self._so.swarm_span_execute(self._handle(), ctypes.byref(step))
         if rc != _lib.SWARM_OK:
             raise self._step_error(rc, seq_id, pos0, step.n_tokens)
@@ -226,15 +242,17 @@ class SpanExecutor:
                                    batch=len(steps))
         return [p[0] for p in prepared]
 
-    def _prepare(self, st: BatchStep) -> tuple[np.ndarray, _lib.SpanStep, np.ndarray]:
+    def _prepare(self, st: BatchStep) -> tuple[np.ndarray, _lib.SpanStep, np.ndarray, np.ndarray | None]:
         """Check one step; return its output array, its C descriptor and the contiguous float32
-        input the descriptor points to (the caller keeps all three alive through the C call)."""
+        input and int32 token ids the descriptor points to (the caller keeps all four alive through
+        the C call)."""
         self._handle()
         self._check_seq(st.seq_id)
         x = self._check_hidden(st.hidden)
         if isinstance(st.pos0, bool) or not isinstance(st.pos0, (int, np.integer)) or st.pos0 < 0:
             raise ExecutorError(f"pos0 must be a non-negative int, got {st.pos0!r}")
         n = x.shape[0]
+        ids = self._check_token_ids(st.token_ids, n) if self.needs_token_ids else None
         if self.is_last:
             out = np.empty((n if st.all_logits else 1, self._n_vocab), dtype=np.float32)
         else:
@@ -244,8 +262,9 @@ class SpanExecutor:
             embd=x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
             out=out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
             out_cap=out.size, all_logits=1 if st.all_logits else 0,
+            token_ids=None if ids is None else ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
         )
-        return out, step, x
+        return out, step, x, ids
 
     def _step_error(self, rc: int, seq_id: int, pos0: int, n: int, batch: int = 1) -> ExecutorError:
         if rc == _lib.SWARM_ERR_POS and batch == 1:
@@ -344,6 +363,16 @@ class SpanExecutor:
         if not np.isfinite(x).all():
             raise ExecutorError("hidden holds NaN or infinite values")
         return x
+
+    def _check_token_ids(self, token_ids: np.ndarray | None, n: int) -> np.ndarray:
+        if token_ids is None:
+            raise ExecutorError("this span reads token ids: the step must carry them")
+        ids = np.asarray(token_ids)
+        if ids.shape != (n,) or ids.dtype.kind not in "iu":
+            raise ExecutorError(f"token_ids must be [{n}] integers, got {ids.dtype} {list(ids.shape)}")
+        if n and (int(ids.min()) < 0 or int(ids.max()) >= self._n_vocab):
+            raise ExecutorError(f"token ids must lie in [0, {self._n_vocab})")
+        return np.ascontiguousarray(ids, dtype=np.int32)
 
     def _call(self, rc: int, what: str) -> None:
         if rc != _lib.SWARM_OK:

@@ -27,7 +27,7 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.gguf_reader import ReaderField
 
-from swarm.arch import ArchRow, LayerTable, SwaPattern, arch_row, servable_row
+from swarm.arch import ArchRow, LayerTable, SwaPattern, arch_row
 from swarm.errors import ModelError
 from swarm import span_rules
 from swarm.ggml_bridge.gguf_header import GGUFHeader, scan
@@ -113,11 +113,10 @@ def build_span(model_path: Path, start: int, end: int, cache_dir: Path | None = 
     Raises:
         ValueError: start/end out of range.
         ModelError: the source is not a readable GGUF.
-        UnsupportedArchitecture: the source's architecture has no row in `swarm.arch`, or its row
-            refuses layer spans (`ArchRow.split_refusal`).
+        UnsupportedArchitecture: the source's architecture has no row in `swarm.arch`.
     """
     arch, n_layers = read_span_layers(model_path)
-    row = servable_row(arch)
+    row = arch_row(arch)
     if not (0 <= start < end <= n_layers):
         raise ValueError(f"span [{start}, {end}) is not inside the model's {n_layers} layers "
                          f"(need 0 <= start < end <= {n_layers})")
@@ -137,7 +136,7 @@ def build_span(model_path: Path, start: int, end: int, cache_dir: Path | None = 
         is_last = end == n_layers
         meta = arch_metadata(scan(model_path), arch)
         _copy_metadata(reader, writer, row, start, end, n_layers, is_last, meta)
-        _copy_tensors(reader, writer, start, end, is_last)
+        _copy_tensors(reader, writer, start, end, is_last, row.residual_input)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -183,6 +182,8 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: 
     leading = {prefix + k for k in row.leading_count_keys}
     dropped = {prefix + row.mtp_layers_key} if row.mtp_layers_key else set()  # always 0 here
     no_window = _windows_unused(reader, meta, row, start, end, n_layers)
+    # a span that reads token ids validates them against its vocabulary (and indexes tables by them)
+    keeps_vocab = is_last or _reads_token_ids(row, meta, start)
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture" or key in dropped:
             continue
@@ -196,9 +197,9 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: 
             # max(0, v - start) blocks (llama.cpp compares the file's block index with it)
             writer.add_uint32(key, min(max(int(field.contents()) - start, 0), end - start))
             continue
-        if not is_last and key.startswith("tokenizer."):
+        if not keeps_vocab and key.startswith("tokenizer."):
             continue
-        if not is_last and key == f"{arch}.vocab_size":
+        if not keeps_vocab and key == f"{arch}.vocab_size":
             continue
         if key == f"{arch}.block_count":
             writer.add_uint32(key, end - start)
@@ -220,9 +221,11 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: 
     for suffix, value in row.default_keys:
         if f"{arch}.{suffix}" not in reader.fields:
             writer.add_uint32(f"{arch}.{suffix}", value)
-    if not is_last:
+    if not keeps_vocab:
         writer.add_string("tokenizer.ggml.model", "no_vocab")
         writer.add_uint32(f"{arch}.vocab_size", 1)
+    if row.residual_input:
+        writer.add_bool(f"{arch}.residual_input", True)
     writer.add_uint32(SPAN_START_KEY, start)
     writer.add_uint32(SPAN_END_KEY, end)
     writer.add_uint32(SPAN_N_LAYERS_KEY, n_layers)
@@ -272,7 +275,28 @@ def _write_derived(reader: GGUFReader, writer: GGUFWriter, arch: str, pat: SwaPa
     writer.add_key_value(array_key, flags, GGUFValueType.ARRAY, sub_type=GGUFValueType.BOOL)
 
 
-def _copy_tensors(reader: GGUFReader, writer: GGUFWriter, start: int, end: int, is_last: bool) -> None:
+def _reads_token_ids(row: ArchRow, meta: dict[str, Any], start: int) -> bool:
+    """Span [start, ...) holds a layer that reads token ids (a `token_ids` sideband's leading layers)."""
+    return any(sb.name == "token_ids" and
+               (sb.when_key is None or int(meta.get(f"{row.name}.{sb.when_key}", 0)) > start)
+               for sb in row.sidebands)
+
+
+def span_reads_token_ids(span_path: Path) -> bool:
+    """True when the span file's layers read token ids, so every step it runs must carry them.
+
+    Raises:
+        ModelError: unreadable GGUF. UnsupportedArchitecture: no row for its architecture.
+    """
+    header = scan(span_path)
+    arch = str(header.scalars.get("general.architecture", ""))
+    row = arch_row(arch)
+    # in a span file the leading counts are already cut to the span: layers from 0 read them
+    return _reads_token_ids(row, arch_metadata(header, arch), 0)
+
+
+def _copy_tensors(reader: GGUFReader, writer: GGUFWriter, start: int, end: int, is_last: bool,
+                  residual_input: bool) -> None:
     n_embd = None
     has_head = any(t.name == _HEAD_TENSORS[0] for t in reader.tensors)
     for t in reader.tensors:
@@ -284,6 +308,8 @@ def _copy_tensors(reader: GGUFReader, writer: GGUFWriter, start: int, end: int, 
             continue
         if t.name == _EMBD_TENSOR:
             n_embd = int(t.shape[0])
+            if residual_input and has_head:
+                continue  # the patched loader needs no embedding table in a span (ArchRow.residual_input)
             if is_last and not has_head:
                 _add_raw(writer, t.name, t)  # tied head: the embedding table is the head
             elif is_last:

@@ -24,7 +24,7 @@ import sys
 from functools import partial
 
 from swarm import eventloop
-from swarm.arch import servable_row
+from swarm.arch import arch_row
 from swarm.artifacts.session import ArtifactSession, SessionConfig
 from swarm.dialing import open_stream
 from swarm.direct import DirectServer, direct_maddrs
@@ -81,7 +81,7 @@ async def serve(
     local_path = None if is_model_id(cfg.model) else resolve_model(cfg.model, progress=True)
     if local_path is not None:
         manifest = build_manifest(local_path)  # before anything is announced or printed
-        servable_row(manifest.arch)  # refuses architectures that cannot be served, with the reason
+        arch_row(manifest.arch)  # refuses architectures without a row, naming the supported ones
         if cfg.layers is not None:
             check_span(manifest, *cfg.layers)
     # BitTorrent and the direct-stream port first: a port in use fails before the DHT node (its own

@@ -32,9 +32,11 @@ def open_chain(model_path: Path, cuts: tuple[int, ...], span_cache: Path, n_seq_
 
 def chain_forward(chain: list[SpanExecutor], embedder: TokenEmbedder, seq_id: int, pos0: int,
                   ids: list[int], all_logits: bool = False) -> np.ndarray:
-    """Embed `ids` and push them through every span; returns the last span's logits."""
+    """Embed `ids` and push them through every span (with the ids, for spans that read them);
+    returns the last span's logits."""
     h = embedder.embed(ids)
+    tok = np.asarray(ids, dtype=np.int32)
     for ex in chain[:-1]:
-        h = ex.forward(seq_id, pos0, h)
+        h = ex.forward(seq_id, pos0, h, token_ids=tok)
         assert h.shape == (len(ids), ex.n_embd)
-    return chain[-1].forward(seq_id, pos0, h, all_logits=all_logits)
+    return chain[-1].forward(seq_id, pos0, h, all_logits=all_logits, token_ids=tok)

@@ -19,8 +19,8 @@ What each model exercises at a cut:
   indexer tensors and per-layer indexer types;
 - qwen35 / qwen35moe: hybrid gated-delta-net (recurrent) + attention layers, the recurrent
   layers derived from `full_attention_interval` and the index in the file;
-- deepseek4 (`WHOLE_ONLY`): hyper-connection residual, compressed KV of ratios 0/4/128 with the
-  indexer, a hash-routed first layer; llama.cpp runs it whole, the swarm refuses its spans.
+- deepseek4: hyper-connection residual (4 streams), compressed KV of ratios 0/4/128 with the
+  indexer, two hash-routed first layers; its spans need the project's llama.cpp patch.
 
 This module does not run llama.cpp; tests do.
 """
@@ -279,12 +279,6 @@ def with_layers(spec: SyntheticSpec, n_layers: int, extra: tuple = (),
     return SyntheticSpec(spec.arch, n_layers, meta, spec.globals_, spec.block, spec.seed)
 
 
-SPECS: dict[str, Callable[[], SyntheticSpec]] = {
-    "llama": _llama, "qwen2": _qwen2, "gemma3": _gemma3, "qwen3moe": _qwen3moe, "deepseek2": _deepseek2,
-    "glm-dsa": _glm_dsa, "qwen35": _qwen35, "qwen35moe": _qwen35moe,
-}
-
-
 def _weights(rng: np.random.Generator, name: str, shape: Shape, n_in: int) -> np.ndarray:
     np_shape = tuple(reversed(shape))
     if name.endswith("ffn_gate_tid2eid.weight"):
@@ -360,10 +354,12 @@ def _add_tokenizer(w: GGUFWriter) -> None:
 
 # DeepSeek-V4 (llama.cpp src/models/deepseek4.cpp): hyper-connection residual of 4 streams, MQA
 # head of 64 with 16 rotary dims, grouped low-rank output, per-layer KV compression (0: window only,
-# 4: compressed + indexer, 128: heavily compressed), the first layer routes experts by token id
+# 4: compressed + indexer, 128: heavily compressed), the first two layers route experts by token id
+# (so a cut at 1 leaves a span that starts with a hash-routed layer)
 _DS4_HEAD, _DS4_ROT, _DS4_Q_LORA, _DS4_O_GROUPS, _DS4_O_LORA, _DS4_HC = 64, 16, 32, 2, 16, 4
 _DS4_RATIOS = (0, 4, 128, 4)
 _DS4_IDX_HEADS, _DS4_IDX_DIM = 2, 64
+_DS4_HASH = 2
 
 
 def _deepseek4() -> SyntheticSpec:
@@ -384,7 +380,7 @@ def _deepseek4() -> SyntheticSpec:
         _u32("attention.output_group_count", _DS4_O_GROUPS), _u32("attention.output_lora_rank", _DS4_O_LORA),
         _f32("attention.compress_rope_freq_base", 160000.0), _u32("hyper_connection.count", _DS4_HC),
         _u32("hyper_connection.sinkhorn_iterations", 20), _f32("hyper_connection.epsilon", 1e-6),
-        _u32("hash_layer_count", 1),
+        _u32("hash_layer_count", _DS4_HASH),
         ("attention.compress_ratios", list(_DS4_RATIOS), GGUFValueType.ARRAY, GGUFValueType.UINT32),
     )
     hc_dim, hc_mix = _DS4_HC * N_EMBD, (2 + _DS4_HC) * _DS4_HC
@@ -415,7 +411,7 @@ def _deepseek4() -> SyntheticSpec:
                   ("indexer_compressor_gate.weight", (N_EMBD, 2 * _DS4_IDX_DIM)),
                   ("indexer_compressor_ape.weight", (2 * _DS4_IDX_DIM, ratio)),
                   ("indexer_compressor_norm.weight", (_DS4_IDX_DIM,))]
-        if il < 1:  # hash_layer_count
+        if il < _DS4_HASH:
             t += [("ffn_gate_tid2eid.weight", (N_EXPERT_USED, N_VOCAB))]
         else:
             t += [("exp_probs_b.bias", (N_EXPERT,))]
@@ -424,8 +420,10 @@ def _deepseek4() -> SyntheticSpec:
     return SyntheticSpec("deepseek4", n, meta, globals_, block, seed=10)
 
 
-WHOLE_ONLY: dict[str, Callable[[], SyntheticSpec]] = {"deepseek4": _deepseek4}
-"""Architectures llama.cpp runs whole but not as layer spans (their row's `split_refusal`)."""
+SPECS: dict[str, Callable[[], SyntheticSpec]] = {
+    "llama": _llama, "qwen2": _qwen2, "gemma3": _gemma3, "qwen3moe": _qwen3moe, "deepseek2": _deepseek2,
+    "glm-dsa": _glm_dsa, "qwen35": _qwen35, "qwen35moe": _qwen35moe, "deepseek4": _deepseek4,
+}
 
 
 def write_split(src: Path, dest_dir: Path, n_shards: int) -> list[Path]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swarm.arch import arch_row, servable_row
+from swarm.arch import arch_row
 from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.ggml_bridge.gguf_header import scan
 from swarm.ggml_bridge.slicing import arch_metadata, build_span, legal_starts
@@ -27,7 +27,7 @@ from tests.helpers.oracle import N_DECODE
 from gguf import GGUFReader, GGUFValueType
 
 from swarm.errors import ExecutorError, ModelError, RequestError, UnsupportedArchitecture
-from tests.helpers.synthetic import SPECS, write_synthetic
+from tests.helpers.synthetic import N_EMBD, N_VOCAB, SPECS, write_synthetic
 from tests.helpers.chains import chain_forward, open_chain
 
 # byte-level vocab: one token per byte (+ BOS); 96 tokens, longer than gemma3's window (8) and the
@@ -80,7 +80,8 @@ def test_synthetic_chain_matches_whole_model(arch, cuts, synthetic_model, span_c
     embedder = TokenEmbedder(path)
     chain = open_chain(path, cuts, span_cache)
     try:
-        assert all(ex.n_vocab == 1 for ex in chain[:-1])
+        # spans before the last carry no vocabulary, unless they read token ids (deepseek4's hash layers)
+        assert all(ex.n_vocab == (N_VOCAB if ex.needs_token_ids else 1) for ex in chain[:-1])
         prefill = chain_forward(chain, embedder, 0, 0, oracle.prompt, all_logits=True)
         assert prefill.shape == oracle.prefill_logits.shape
         # random weights: logits spread over several units, so 0.0 is a real check
@@ -106,7 +107,7 @@ def test_synthetic_chain_matches_whole_model(arch, cuts, synthetic_model, span_c
 
 def test_synthetic_rows_exist_for_every_model(synthetic_model):
     for arch in SPECS:
-        assert servable_row(arch) is arch_row(arch)
+        assert arch_row(arch).name == arch
         n_layers = SPECS[arch]().n_layers
         expected = SYNTH_LEGAL_STARTS.get(arch, range(1, n_layers))
         assert legal_starts(synthetic_model(arch))[1:] == list(expected)
@@ -149,39 +150,35 @@ def test_synthetic_qwen35_span_cannot_truncate_but_snapshots_are_exact(synthetic
             ex.close()
 
 
-def test_synthetic_deepseek4_runs_whole_but_is_refused_by_slicing_and_serve(tmp_path):
-    """llama.cpp runs the synthetic DeepSeek-V4 whole from token ids, but not from hidden states:
-    fed the exact embeddings, the same whole model differs from row 0 on (an embedding batch takes
-    the multimodal path: no hash routing by token id, and the hc-wide residual cannot be entered),
-    so slicing and `swarm serve` refuse it with the reason, before anything starts."""
-    import subprocess
-    import sys
-
-    from swarm.ggml_bridge.executor import ExecutorConfig, SpanExecutor
-    from tests.helpers.oracle import run_oracle
-    from tests.helpers.synthetic import WHOLE_ONLY
-
-    path = write_synthetic("deepseek4", tmp_path / "deepseek4.gguf", spec=WHOLE_ONLY["deepseek4"]())
-    oracle = run_oracle(path, SYNTH_PROMPT)
-    assert float(oracle.prefill_logits.std()) > 0.1 and len(oracle.tokens) == N_DECODE
+def test_synthetic_deepseek4_spans_take_the_residual_and_the_token_ids(synthetic_model, span_cache):
+    """DeepSeek-V4 spans run on the project's llama.cpp patch (`<arch>.residual_input`): every span
+    takes the 4 x n_embd hyper-connection state; a span holding a hash-routed layer keeps the
+    vocabulary and refuses a step without token ids (llama.cpp would index its routing table with
+    garbage), a span behind them needs none; only the last span has the head."""
+    path = synthetic_model("deepseek4")
     row = arch_row("deepseek4")
-    cfg = ExecutorConfig(n_ctx_tokens=256, n_seq_max=1, n_threads=2, is_last=True,
-                         capture_name=row.capture_name, capture_layer=3)
-    with SpanExecutor(path, cfg) as whole:  # the file itself, bypassing the refusal
-        fed = whole.forward(0, 0, TokenEmbedder(path).embed(oracle.prompt), all_logits=True)
-    assert np.abs(fed[0] - oracle.prefill_logits[0]).max() > 0.1
-    assert row.boundary_bytes_per_token(4096) == 4 * 4096 * 4
-    assert [sb.name for sb in row.sidebands] == ["token_ids"]
-    with pytest.raises(UnsupportedArchitecture, match="cannot be served as layer spans: .*hyper_connection"):
-        build_span(path, 0, 2, cache_dir=tmp_path)
-    assert not list(tmp_path.glob("*-0-2.gguf"))
-    argv = [sys.executable, "-m", "swarm.cli", "serve", "--model", str(path), "--layers", "0:2",
-            "--new-swarm", "--host", "127.0.0.1"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120,
-                          env={"SWARM_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode != 0
-    assert "'deepseek4' cannot be served as layer spans" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert row.residual_input and row.boundary_width == 4 and not row.rollback_exact
+    chain = open_chain(path, (1, 2), span_cache)
+    try:
+        assert [ex.needs_token_ids for ex in chain] == [True, True, False]
+        assert [ex.n_embd for ex in chain] == [4 * N_EMBD] * 3
+        assert [ex.n_vocab for ex in chain] == [N_VOCAB, N_VOCAB, N_VOCAB]
+        for a, b in ((0, 1), (1, 2), (2, 4)):
+            assert scan(build_span(path, a, b, cache_dir=span_cache)).scalars["deepseek4.residual_input"] is True
+        x = TokenEmbedder(path).embed([5, 6, 7])
+        assert x.shape == (3, 4 * N_EMBD) and np.array_equal(x[:, :N_EMBD], x[:, 3 * N_EMBD:])
+        with pytest.raises(ExecutorError, match="reads token ids"):
+            chain[1].forward(0, 0, x)
+        with pytest.raises(ExecutorError, match=r"token ids must lie in \[0, "):
+            chain[1].forward(0, 0, x, token_ids=np.array([5, 6, N_VOCAB]))
+        assert chain[1].pos_max(0) == -1
+        out = chain[1].forward(0, 0, x, token_ids=np.array([5, 6, 7]))
+        assert out.shape == (3, 4 * N_EMBD) and chain[2].forward(0, 0, out).shape == (1, N_VOCAB)
+        with pytest.raises(ExecutorError):
+            chain[2].truncate(0, 1)  # compressed KV: no rollback into the sequence
+    finally:
+        for ex in chain:
+            ex.close()
 
 
 def test_synthetic_deepseek2_lite_spans_equal_the_whole_model(tmp_path, span_cache):
