@@ -41,9 +41,11 @@ if [ "$(cat .venv/.llama-flavour 2>/dev/null)" != "$LLAMA_CPP_PYTHON-$FLAVOUR" ]
       "llama-cpp-python==$LLAMA_CPP_PYTHON"
     tar -xzf "$SRC"/llama_cpp_python-"$LLAMA_CPP_PYTHON".tar.gz -C "$SRC"
     SDIST="$SRC/llama_cpp_python-$LLAMA_CPP_PYTHON"
-    rm -f "$SDIST/vendor/llama.cpp/.git"  # a submodule link to nothing: git apply works on plain files
+    # from the sdist's root (it ships a .git of its own, where git apply skips paths outside the
+    # working directory); vendor/llama.cpp/.git is a submodule link to nothing
+    rm -f "$SDIST/vendor/llama.cpp/.git"
     for p in $PATCHES; do
-      git -C "$SDIST/vendor/llama.cpp" apply -p1 "$PWD/$p"
+      git -C "$SDIST" apply -p1 --directory=vendor/llama.cpp "$PWD/$p"
     done
     CMAKE_ARGS="$LLAMA_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
       .venv/bin/python -m pip wheel --quiet --no-deps --no-cache-dir -w "$WHEELS.tmp" "$SDIST"

@@ -26,7 +26,7 @@ import numpy as np
 from swarm.arch import arch_row
 from swarm.errors import ExecutorError
 from swarm.ggml_bridge import _lib
-from swarm.ggml_bridge.slicing import build_span, read_span_layers
+from swarm.ggml_bridge.slicing import build_span, read_span_layers, span_reads_token_ids
 
 
 @dataclass(frozen=True)
