@@ -26,7 +26,7 @@ from swarm.span_rules import has_split_rules, span_refusal
 from tests.helpers.oracle import N_DECODE
 from gguf import GGUFReader, GGUFValueType
 
-from swarm.errors import ExecutorError, ModelError, RequestError, UnsupportedArchitecture
+from swarm.errors import ExecutorError, ModelError, RequestError
 from tests.helpers.synthetic import N_EMBD, N_VOCAB, SPECS, write_synthetic
 from tests.helpers.chains import chain_forward, open_chain
 
