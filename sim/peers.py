@@ -181,9 +181,10 @@ class SimPeer:
         out = run_layers(self._cache[sid][1], self.start, frame.hidden)
         self._rows.setdefault(sid, []).append(frame.hidden)
         table.advance(slot, n, done_s)
+        got = receipt(frame.hidden, frame.token_ids)
         if self.end < self.profile.budget.n_layers:
-            return Hidden(frame.step, out, compute_s * 1000.0, receipt=receipt(frame.hidden)), done_s
-        token = Token(frame.step, token_of(out), 0.0, (), compute_s * 1000.0, receipt=receipt(frame.hidden))
+            return Hidden(frame.step, out, compute_s * 1000.0, receipt=got), done_s
+        token = Token(frame.step, token_of(out), 0.0, (), compute_s * 1000.0, receipt=got)
         return token, done_s
 
     def _open(self, sid: bytes, owner: str, frame: Open, now_s: float) -> Frame:

@@ -7,7 +7,9 @@ only if the tokens equal a fault-free run. Like llama.cpp's CPU kernels, which r
 rows differently from steps of few, a `SpanPeer` also folds each step's row count into its layer
 states: a replay that regrouped recorded steps (`Forward.steps`) gives other tokens as well. A verify pass
 (`Forward.verify`) is answered with the token after every row, and `Forward.rewind` rolls a session
-back to the state it had at that position.
+back to the state it had at that position. Global layers [0, `id_layers`) also read each row's token
+id (`Forward.token_ids`), as deepseek4's hash-routed layers do: a peer holding one refuses a Forward
+without them (`swarm.peer.rules.token_ids_refusal`) and folds each id into those layers' states.
 
 Faults are scripted per peer: after a given number of Forward frames the peer dies (links reset,
 dials refused), freezes (nothing answers; the caller's timeout passes on the virtual clock), starts
@@ -66,6 +68,7 @@ class SpanPeer:
         forwards: Forward frames handled so far.
         incarnation: the `started_at` it announces; `restart` changes it.
         announced_sessions_free: a stale figure to announce instead of the true one (None: true).
+        id_layers: global layers [0, id_layers) read token ids (module docstring); 0: none do.
     """
 
     peer_id: str
@@ -85,6 +88,7 @@ class SpanPeer:
     sessions: dict[bytes, list] = field(default_factory=dict)
     forwards: int = 0
     closed_while_frozen: set[bytes] = field(default_factory=set)
+    id_layers: int = 0
 
     def span(self) -> PeerSpan:
         """The announcement a client sees (a dead peer's record lingers until it expires)."""
@@ -144,10 +148,15 @@ class SpanPeer:
             state[:] = history[pos]
         if frame.pos0 != pos:
             return Error(ErrorCode.BAD_REQUEST, f"step starts at position {frame.pos0}, session is at {pos}")
+        n_ids, reads = frame.token_ids.shape[0], self.start < self.id_layers
+        why = rules.token_ids_refusal(n_ids, reads, self.start, self.end)
+        if why is not None:
+            return Error(ErrorCode.BAD_REQUEST, why)
         self.forwards += 1
         outs, at = [], pos
         for rows in split_steps(frame.hidden, frame.steps):
-            outs.append(self._step(state, rows, history, at))
+            ids = frame.token_ids[at - pos : at - pos + rows.shape[0]]
+            outs.append(self._step(state, rows, history, at, ids))
             at += rows.shape[0]
         out = np.concatenate(outs)
         session[0] = pos + frame.n_tokens
@@ -161,11 +170,15 @@ class SpanPeer:
         tokens = tuple(token_of(out[i : i + 1]) for i in range(frame.n_tokens)) if frame.verify else ()
         return Token(frame.step, token_of(out), 0.0, (), 1.0, tokens=tokens)
 
-    def _step(self, state: list[int], rows: np.ndarray, history: dict, pos0: int) -> np.ndarray:
+    def _step(self, state: list[int], rows: np.ndarray, history: dict, pos0: int,
+              ids: np.ndarray) -> np.ndarray:
         """Run one step's rows, keeping the state after each row (`history[position after it]`),
         where a rewind finds it: a rewind into a step keeps that step's rows as computed in it."""
         out = []
+        reading = range(min(len(state), max(0, self.id_layers - self.start)))
         for j in range(rows.shape[0]):
+            for i in reading:  # the row's token id enters the layers that read it
+                state[i] ^= (int(ids[j]) + 1) << 20
             out.append(run_layers(state, self.start, rows[j : j + 1]))
             history[pos0 + j + 1] = list(state)
         for i in range(len(state)):  # the step's row count shapes what comes after (module docstring)

@@ -53,7 +53,8 @@ MAX_LAYERS = 4096
 """Largest global layer index + 1 a span or a model (swarm/manifest.py) may name."""
 
 MAX_HIDDEN = 65_536
-"""Largest hidden size (n_embd): tensor columns of a hidden-state frame, and a model's n_embd."""
+"""Largest hidden size (n_embd) of a model, and tensor columns of a hidden-state frame: a row is
+n_embd x the arch row's `boundary_width` wide (deepseek4: 4 residual streams), which must fit too."""
 
 MAX_VOCAB = 1 << 20
 """Largest vocabulary: tensor columns of a logits tensor, and a model's n_vocab."""

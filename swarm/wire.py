@@ -10,7 +10,9 @@ protocol generation is refused with a clear `ProtocolError` whatever its header 
 closed). The header is a msgpack map with `"k"` (the frame kind) and the kind's fields, no more and
 no fewer (any change to a frame bumps `PROTOCOL_GENERATION`). Frames that carry a tensor give its
 `"dtype"` ("f32" or "f16", little-endian) and `"shape"` [rows, cols] in the header; the bytes
-after the header are exactly rows * cols * itemsize of row-major data.
+after the header are exactly rows * cols * itemsize of row-major data, then a frame's trailer if it
+has one (`Forward.token_ids`: its header value is the count n, and 4 * n bytes of little-endian int32
+follow the tensor).
 
 Each frame is a frozen dataclass whose fields name their wire kind (`_Int`, `_Seq`, `_Tensor`, ...
 declared with `_wire`): the kind checks a value on construction, writes it to the header and reads
@@ -19,11 +21,13 @@ it back, so a field is described once. Rules that tie two fields together (`Forw
 "dtype" and "shape".
 
 Size line: a decode step moves one `Forward` (client → peer) or `Hidden` (peer → client) frame of
-4·n_embd tensor bytes + about 70-115 B of prefix and header (measured: Forward 102-114 B, Hidden
-68-76 B, growing with the step and position counters): for SmolLM2 (n_embd 576) 2304 B + ~90 B; for
-Qwen2.5 0.5B (n_embd 896) 3584 B + ~90 B; at n_embd 2048, 8 KiB + ~90 B per token per hop. The last
-span answers with a `Token` frame of about 85 B + 15 B per top log-prob. Encode + decode of a
-[1, 896] f32 Forward: ~11 µs.
+4·n_embd tensor bytes + about 75-135 B of prefix and header (measured: Forward 121-133 B, Hidden
+78-86 B, growing with the step and position counters): for SmolLM2 (n_embd 576) 2304 B + ~100 B;
+for Qwen2.5 0.5B (n_embd 896) 3584 B + ~100 B; at n_embd 2048, 8 KiB + ~100 B per token per hop. A
+model whose residual stream is wider than n_embd sends `ArchRow.boundary_width` times the tensor
+bytes (deepseek4: 4·4·n_embd), and one whose layers read token ids 4 B more per row in each Forward
+(`Forward.token_ids`). The last span answers with a `Token` frame of about 85 B + 15 B per top
+log-prob. Encode + decode of a [1, 896] f32 Forward: ~11 µs.
 
 Decoding never raises anything but `swarm.errors.ProtocolError`: garbage, truncated or oversized
 bytes, unknown kinds, missing, extra or mistyped fields, out-of-range values and tensor sizes that
@@ -66,7 +70,7 @@ from swarm.limits import (
 )
 from swarm.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
-PROTOCOL_GENERATION = 6
+PROTOCOL_GENERATION = 7
 """Version of every frame below; a peer refuses frames of any other generation.
 
 2: prefix KV snapshots (`Open.prefixes`, `OpenOk.restorable` / `fetched_from`, `Forward.restore`).
@@ -77,27 +81,33 @@ PROTOCOL_GENERATION = 6
 6: `Chain.next_relay`, the next hop's relay addresses (a peer behind a NAT: swarm/relay); and
    receipts: `Hidden.receipt` and `Token.receipt`, the digest of the input rows the peer computed
    (`receipt`), so a client can check a push chain end to end; and speculative decoding:
-   `Forward.verify` (the last span samples every row), `Token.tokens`, `OpenOk.verify_rows`."""
+   `Forward.verify` (the last span samples every row), `Token.tokens`, `OpenOk.verify_rows`.
+7: `Forward.token_ids`, the rows' token ids after the tensor bytes (deepseek4's hash-routed layers
+   pick experts by token id: the arch row's `token_ids` sideband); empty for other models."""
 
 RECEIPT_BYTES = 16
 """Size of a step's receipt (BLAKE2b-128 of its input rows)."""
 
 
-def receipt(rows: np.ndarray) -> bytes:
-    """The receipt of a step: BLAKE2b-128 of its input rows as little-endian float32 bytes.
+def receipt(rows: np.ndarray, token_ids: np.ndarray | None = None) -> bytes:
+    """The receipt of a step: BLAKE2b-128 of its input rows as little-endian float32 bytes, then of
+    its token ids (`Forward.token_ids`) as little-endian int32 bytes when it carries any.
 
     A peer answers every step with the receipt of the rows it computed (`Hidden.receipt`,
     `Token.receipt`); the client compares it with the receipt of the rows it sent or of the copy
-    the previous hop returned of what it pushed, so rows altered between pushing peers are found
-    at the step they were altered (swarm/client/session.py).
+    the previous hop returned of what it pushed, so rows (or token ids) altered between pushing
+    peers are found at the step they were altered (swarm/client/session.py).
 
     Args:
         rows: `[n, hidden]` float32 or float16 (hashed as float32).
+        token_ids: `[n]` integers, or None / empty: none (the receipt of the rows alone).
     Returns:
         RECEIPT_BYTES bytes.
     """
-    data = np.ascontiguousarray(rows, dtype="<f4").tobytes()
-    return hashlib.blake2b(data, digest_size=RECEIPT_BYTES).digest()
+    h = hashlib.blake2b(np.ascontiguousarray(rows, dtype="<f4").tobytes(), digest_size=RECEIPT_BYTES)
+    if token_ids is not None and len(token_ids):
+        h.update(np.ascontiguousarray(token_ids, dtype=_IDS).tobytes())
+    return h.digest()
 
 MAX_HEADER_BYTES = 4096
 """Largest msgpack header accepted."""
@@ -119,6 +129,7 @@ MAX_CHAIN_ADDRS = 16
 _PREFIX = struct.Struct(">BH")
 _DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
 _DTYPE_NAMES = {np.dtype("float32"): "f32", np.dtype("float16"): "f16"}
+_IDS = np.dtype("<i4")
 _U64 = 2**64 - 1
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "n_top_logprobs", "logprobs")
 
@@ -368,6 +379,25 @@ class _Tensor(_Kind):
         return v
 
 
+@dataclass(frozen=True)
+class _Ids(_Kind):
+    """A 1-D array of int32 ids in [0, max_id], stored as a contiguous little-endian int32 array
+    (a constructor may give any integer dtype); carried as the frame's trailer, after the tensor
+    bytes: its header value is the count, the ids follow the tensor as 4 * count bytes."""
+
+    max_id: int
+
+    def check(self, name: str, v: Any) -> Any:
+        if not isinstance(v, np.ndarray) or v.ndim != 1 or v.dtype.kind not in "iu":
+            raise ProtocolError(f"field {name!r} must be a 1-D integer array")
+        if v.size and (int(v.min()) < 0 or int(v.max()) > self.max_id):
+            raise ProtocolError(f"field {name!r} must hold ids in [0, {self.max_id}]")
+        return v if v.dtype == _IDS else np.ascontiguousarray(v, dtype=_IDS)
+
+    def encode(self, v: Any) -> Any:
+        return int(v.shape[0])
+
+
 def _wire(kind: _Kind, *, default: Any = dataclasses.MISSING,
           default_factory: Any = dataclasses.MISSING) -> Any:
     """Declare a frame field of this wire kind (with an optional default)."""
@@ -385,6 +415,8 @@ class _Frame:
     _spec: ClassVar[tuple[tuple[str, _Kind], ...]]
     _tensor: ClassVar[str | None]
     """Name of the field carried as tensor bytes after the header, if any."""
+    _trailer: ClassVar[str | None]
+    """Name of the field carried after the tensor bytes (an `_Ids`), if any."""
 
     def __post_init__(self) -> None:
         for name, kind in self._spec:
@@ -411,6 +443,7 @@ def _frame(kind: str) -> Callable[[_F], _F]:
         spec = tuple((f.name, f.metadata["wire"]) for f in dataclasses.fields(cls))
         cls.KIND, cls._spec = kind, spec
         cls._tensor = next((name for name, k in spec if isinstance(k, _Tensor)), None)
+        cls._trailer = next((name for name, k in spec if isinstance(k, _Ids)), None)
         _BY_KIND[kind] = cls
         return cls
 
@@ -504,6 +537,12 @@ class Forward(_Frame):
         verify: a verify pass of speculative decoding (swarm/spec/verify.py), at most
             MAX_VERIFY_ROWS rows: the last span samples every row, row i as the token at position
             pos0 + i + 1, and answers them all in `Token.tokens`; other spans pass it on as it came.
+        token_ids: `[n_tokens]` int32, the token id of each row (the token at its position), each
+            in [0, MAX_VOCAB); or empty. Sent for a model whose arch row has a `token_ids` sideband
+            (deepseek4: hash-routed layers pick experts by token id), empty for the others; a span
+            that reads token ids refuses a Forward without them (swarm/peer/span.py), the others
+            ignore them. A pushed Forward carries the ids it was sent with. Carried after the tensor
+            bytes (4 B per row), so a long prefill's ids do not count against MAX_HEADER_BYTES.
     """
 
     step: int = _wire(_Int(0, _U64))
@@ -518,9 +557,13 @@ class Forward(_Frame):
         _Seq(_Int(1, MAX_CONTEXT_TOKENS), MAX_FORWARD_STEPS, "row counts"), default=()
     )
     verify: bool = _wire(_Bool(), default=False)
+    token_ids: np.ndarray = _wire(_Ids(MAX_VOCAB - 1), default_factory=lambda: np.zeros(0, _IDS))
 
     def _relate(self) -> None:
         rows = self.hidden.shape[0]
+        if self.token_ids.shape[0] not in (0, rows):
+            n = self.token_ids.shape[0]
+            raise ProtocolError(f"field 'token_ids' holds {n} ids, the frame has {rows} rows")
         if self.verify and rows > MAX_VERIFY_ROWS:
             raise ProtocolError(f"a verify pass carries at most {MAX_VERIFY_ROWS} rows, got {rows}")
         if self.steps and sum(self.steps) != rows:
@@ -677,6 +720,8 @@ def encode_frame(frame: Frame) -> bytes:
             header["dtype"] = _DTYPE_NAMES[tensor.dtype]
             header["shape"] = [int(tensor.shape[0]), int(tensor.shape[1])]
             payload = np.ascontiguousarray(tensor, dtype=_DTYPES[header["dtype"]]).tobytes()
+    if cls._trailer is not None:
+        payload += getattr(frame, cls._trailer).tobytes()  # contiguous "<i4" (`_Ids.check`)
     packed = msgpack.packb(header, use_bin_type=True)
     if len(packed) > MAX_HEADER_BYTES:
         raise ProtocolError(f"{cls.KIND} header is {len(packed)} B, over MAX_HEADER_BYTES {MAX_HEADER_BYTES}")
@@ -753,10 +798,25 @@ def decode_frame(data: bytes | bytearray | memoryview) -> Frame:
     if set(h) != _FIELDS[kind]:
         raise ProtocolError(f"{kind} frame fields {sorted(map(str, h))} != {sorted(_FIELDS[kind])}")
     payload = view[_PREFIX.size + header_len :]
+    trailer = None
+    if cls._trailer is not None:
+        payload, trailer = _split_trailer(cls._trailer, h[cls._trailer], payload)
     if cls._tensor is None:
         _no_payload(kind, payload)
     args = {
-        name: _decode_tensor(kind, h, payload, spec) if name == cls._tensor else spec.decode(name, h[name])
+        name: _decode_tensor(kind, h, payload, spec) if name == cls._tensor
+        else trailer if name == cls._trailer else spec.decode(name, h[name])
         for name, spec in cls._spec
     }
     return cls(**args)
+
+
+def _split_trailer(name: str, count: Any, payload: memoryview) -> tuple[memoryview, np.ndarray]:
+    """(the bytes before the trailer, the trailer's ids: a read-only view) of a payload whose
+    trailer field's header value is `count`."""
+    n = _int(name, count, 0, MAX_FRAME_BYTES // _IDS.itemsize)
+    cut = len(payload) - n * _IDS.itemsize
+    if cut < 0:
+        raise ProtocolError(f"field {name!r} counts {n} ids ({n * _IDS.itemsize} B), "
+                            f"the frame carries {len(payload)} B after its header")
+    return payload[:cut], np.frombuffer(payload[cut:], dtype=_IDS)

@@ -4,12 +4,13 @@ A `SpotChecks` rides along one `RouteSession` (its `checks` hook). After each de
 schedule (swarm/route/verify.py) may start a check of one hop, as a task beside the generation
 (which goes on meanwhile): the hop's recorded input rows, up to the step just computed, are sent
 (`CheckPolicy.regroup`, the default) as one prefill (frames of the replay chunk, computed in the
-peers' 64-row ubatches) into a fresh session on the cheapest other peer (or chain of peers)
-serving the same layers, and every row's output is compared with what the checked peer returned
-(its next hop's recorded inputs) within the band. A prefill of k decode rows costs far less than
-k one-row steps (VeriLLM's observation); the price is that the rows are grouped otherwise than the
-checked peer computed them, which rounds differently (measured: rel L2 up to 0.0185 on SmolLM2,
-0.0156 on Qwen2.5 0.5B; scripts/bench_verify.py; the band covers it). Without
+peers' 64-row ubatches, with the rows' token ids where Forwards carry them) into a fresh session on
+the cheapest other peer (or chain of peers) serving the same layers, and every row's output is
+compared with what the checked peer returned (its next hop's recorded inputs) within the band. A
+prefill of k decode rows costs far less than k one-row steps (VeriLLM's observation); the price is
+that the rows are grouped otherwise than the checked peer computed them, which rounds differently
+(measured: rel L2 up to 0.0185 on SmolLM2, 0.0156 on Qwen2.5 0.5B; scripts/bench_verify.py; the
+band covers it). Without
 `regroup` the recorded steps are replayed as a failover replays them (`Forward.steps`), each its
 own step, and an honest checker reproduces the answers bit for bit.
 
@@ -50,7 +51,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,8 @@ class HopRecord:
         outputs: what the hop answered for each of those steps, same shapes.
         offers: the generation's prefix offers (the checker's Open carries them too).
         step_number: the generation's next Forward step number (the check's frames continue it).
+        token_ids: the token id of each input row (`[sum of rows]` int32, from position 0) for a
+            model whose Forwards carry them (`Forward.token_ids`); empty for the others.
     """
 
     span: PeerSpan
@@ -95,6 +98,7 @@ class HopRecord:
     outputs: tuple[np.ndarray, ...]
     offers: tuple[tuple[int, bytes], ...]
     step_number: int
+    token_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
 
 @dataclass
@@ -318,7 +322,8 @@ class SpotChecks:
             for link, current in zip(links, chain):
                 outs, pos0 = [], 0
                 for x, steps in self._frames(blocks):
-                    frame = Forward(step=step, pos0=pos0, hidden=x, steps=steps)
+                    frame = Forward(step=step, pos0=pos0, hidden=x, steps=steps,
+                                    token_ids=record.token_ids[pos0 : pos0 + len(x)])
                     step, pos0 = step + 1, pos0 + frame.n_tokens
                     timeout_s = step_timeout_s(current, frame.n_tokens, self._failover, steps)
                     outs.append(await self._exchange(link, frame, timeout_s))

@@ -9,7 +9,9 @@ Speculative decoding (`GenerationRequest.speculation`): before each decode step 
 draft for up to k tokens (`swarm.spec.verify.draft_budget`; by default the k that this generation's
 measurements say is fastest, 0 included: swarm/spec/policy.py); with a draft, the engine session's
 `verify` checks them in one pass and yields 1..k+1 tokens, each the token plain decoding would have
-produced; without one, it decodes one token. Only engine sessions with `verify` (the swarm's) can.
+produced; without one, it decodes one token. Only engine sessions with `verify` (the swarm's) can,
+and only on an engine whose sessions can roll rejected rows back (`rollback_exact`, default True):
+on another (a model whose peers keep a recurrent or compressed state) the request decodes plainly.
 
 Repair: when the swarm's spot checks catch a peer computing wrong, the engine session's `decode` or
 `verify` raises `Rewind`: its route was rebuilt without the peer and rolled back to the token after
@@ -269,6 +271,8 @@ class TokenStream:
         is taken into `self.tokens` before the next is asked for (the draft reads them); a `Rewind`
         of the session comes before the token it yields."""
         spec = self._req.speculation
+        if not getattr(self._engine, "rollback_exact", True):
+            spec = None  # a verify pass keeps the accepted rows by rolling the rest back: not here
         verify = getattr(session, "verify", None) if spec is not None else None
         if spec is not None:
             if verify is None:

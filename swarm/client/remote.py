@@ -5,7 +5,11 @@ one sticky stream per hop, and fails over by replay; `RemoteEngine` gives it its
 `DHTDirectory` (swarm/client/directory.py), the `P2PTransport` (swarm/client/streams.py), the
 monotonic clock and asyncio's sleep, all on the `SwarmConnection`'s loop thread
 (swarm/client/connection.py, swarm/client/loop.py). The client embeds tokens itself, so only
-`[n, hidden]` hidden states cross the network. `connect_swarm` joins the swarm for a model: the
+`[n, hidden]` hidden states cross the network (`hidden` = n_embd x the arch row's `boundary_width`),
+with each row's token id where the arch row has a `token_ids` sideband (deepseek4). A model whose
+hops cannot roll back (`ArchRow.rollback_exact` False) offers no prompt prefixes (a restore truncates
+a held snapshot to the offered length) and does not speculate (swarm/client/generate.py).
+`connect_swarm` joins the swarm for a model: the
 connection, the tokenizer, the embedder (fetched from seeders when given a model id) and the engine.
 
 The public engine methods are synchronous, as the generation loop expects, and several sessions of
@@ -22,6 +26,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
+from swarm.arch import arch_row
 from swarm.artifacts.distribute import acquire, client_ranges
 from swarm.artifacts.session import ArtifactSession, SessionConfig
 from swarm.client.checks import CheckContext, SpotChecks
@@ -62,7 +69,8 @@ class RemoteEngine:
             the ubatch grid, `swarm.numeric.UBATCH_TOKENS` (64), so that every frame starts on it.
         policy: failover limits and timeouts.
         reuse_prefixes: offer the prompt's prefix hashes to every hop so that peers holding a
-            snapshot of a shared prefix restore it instead of computing it (swarm/kv/prefix.py).
+            snapshot of a shared prefix restore it instead of computing it (swarm/kv/prefix.py);
+            never on a model whose hops cannot roll back (`rollback_exact`).
     Raises:
         RequestError: prefill_chunk_tokens off the grid (`swarm.numeric.check_chunk_tokens`).
     Attributes:
@@ -73,6 +81,8 @@ class RemoteEngine:
         checks: what those checks share: the band of this model's quantization, the peers'
             standing (route pricing), where evidence of caught peers goes (`swarm status` reads it).
         settle_checks: a session's close waits for its checks in flight (tests, benchmarks).
+        rollback_exact: the model's hops can roll a sequence back (`ArchRow.rollback_exact`); the
+            generation loop speculates only then (verify passes roll rejected rows back).
     """
 
     def __init__(
@@ -89,6 +99,9 @@ class RemoteEngine:
         self._manifest = manifest
         self._embedder = embedder
         self._chunk = prefill_chunk_tokens
+        row = arch_row(manifest.arch)
+        self.rollback_exact = row.rollback_exact
+        self._token_ids = any(sb.name == "token_ids" for sb in row.sidebands)
         self.reuse_prefixes = reuse_prefixes
         self.policy = policy or FailoverPolicy(replay_chunk_tokens=prefill_chunk_tokens)
         ctx = int(manifest.hparams.get(f"{manifest.arch}.context_length", MAX_CONTEXT_TOKENS))
@@ -113,7 +126,8 @@ class RemoteEngine:
         by the first `prefill`, which knows the prompt's prefix hashes to offer the hops.
         """
         spec = SessionSpec(
-            self._manifest.model_id, self._conn.dht.peer_id, self._manifest.n_layers, n_tokens, sampling
+            self._manifest.model_id, self._conn.dht.peer_id, self._manifest.n_layers, n_tokens, sampling,
+            token_ids=self._token_ids, rollback_exact=self.rollback_exact,
         )
         route = RouteSession(
             spec,
@@ -132,7 +146,8 @@ class RemoteEngine:
             route.checks = SpotChecks(ctx, spec, self.directory, self.transport, self.exclusions, self.policy,
                                       telemetry, now=time.monotonic, rng=self._rng)
             route.checks.settle_on_close = self.settle_checks
-        session = RemoteSession(self._conn.loop, route, self._embedder, self._chunk, self.reuse_prefixes)
+        session = RemoteSession(self._conn.loop, route, self._embedder, self._chunk,
+                                self.reuse_prefixes and self.rollback_exact)
         self._sessions.add(session)
         session.on_close = self._sessions.discard
         return session
@@ -188,11 +203,13 @@ class RemoteSession:
         """
         tokens = list(tokens)
         x = self._embedder.embed(tokens)
+        ids = np.asarray(tokens, dtype=np.int32)
         offers = prefix_offers(tokens) if self._reuse else ()
-        self._loop.run(self.route.open(offers, lambda n: x[:n], len(tokens)), CALL_TIMEOUT_S)
+        self._loop.run(self.route.open(offers, lambda n: x[:n], len(tokens), prompt_ids=ids), CALL_TIMEOUT_S)
         token = None
         for i in range(self.route.pos, len(tokens), self._chunk):
-            token = self._loop.run(self.route.step(x[i : i + self._chunk]), CALL_TIMEOUT_S)
+            step = self.route.step(x[i : i + self._chunk], token_ids=ids[i : i + self._chunk])
+            token = self._loop.run(step, CALL_TIMEOUT_S)
         assert token is not None
         token = self._loop.run(self.route.verify_prefill(), CALL_TIMEOUT_S) or token
         return StepResult(token=token.token, logprob=token.logprob, top=token.top)
@@ -205,7 +222,8 @@ class RemoteSession:
                 back (swarm/client/session.py `Rewound`); `token` was not sent.
         """
         try:
-            t = self._loop.run(self.route.step(self._embedder.embed([token])), CALL_TIMEOUT_S)
+            step = self.route.step(self._embedder.embed([token]), token_ids=np.array([token], np.int32))
+            t = self._loop.run(step, CALL_TIMEOUT_S)
         except Rewound as r:
             raise Rewind(r.position, StepResult(token=r.token.token, logprob=r.token.logprob,
                                                 top=r.token.top)) from None
@@ -219,14 +237,16 @@ class RemoteSession:
             Rewind: as `decode`; nothing was sent."""
         x = self._embedder.embed([token, *draft])
         try:
-            new = self._loop.run(self._verify(x, list(draft), group_rows), CALL_TIMEOUT_S)
+            new = self._loop.run(self._verify(x, [token, *draft], group_rows), CALL_TIMEOUT_S)
         except Rewound as r:
             raise Rewind(r.position, StepResult(token=r.token.token)) from None
         return [StepResult(token=t) for t in new]
 
-    async def _verify(self, x, draft: list[int], group_rows: int | None) -> list[int]:
-        t = await self.route.step(x, verify=True, group_rows=group_rows)
-        new = accepted(draft, t.tokens)
+    async def _verify(self, x, tokens: list[int], group_rows: int | None) -> list[int]:
+        """Verify `tokens` (the last token, then the draft), embedded as `x`; keep the accepted rows."""
+        t = await self.route.step(x, verify=True, group_rows=group_rows,
+                                  token_ids=np.asarray(tokens, dtype=np.int32))
+        new = accepted(tokens[1:], t.tokens)
         self.route.keep(len(new))
         return new
 

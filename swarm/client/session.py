@@ -58,6 +58,18 @@ computes (no round trip of its own). By default a pass is computed in groups of 
 row's output is the one-row step's, bit for bit, and the rows are recorded as one-row steps: a
 replacement replays them exactly whatever group it proved.
 
+Token ids (`SessionSpec.token_ids`, a model whose arch row has a `token_ids` sideband: deepseek4's
+hash-routed layers pick experts by token id): the session keeps the token id of every position it
+was given (`open`'s prompt ids, each step's ids) and sends each Forward the ids of its rows' positions,
+to every hop, on every path: steps, verify passes, replays of recorded steps, rebuilt routes and the
+spot checks' recomputations. Receipts then cover the ids too (`swarm.wire.receipt`).
+
+Rollback that is not exact (`SessionSpec.rollback_exact` False: a recurrent or compressed state,
+which llama.cpp cannot cut back into a sequence): no step may roll a hop back. Speculation is off
+for such models (swarm/client/generate.py), and where a hop may hold rows past the step (a hop
+failed mid-step on a pushed route, or a receipt broke the chain), the whole route is rebuilt and
+replayed into fresh sessions instead of relaying the step with `Forward.rewind`.
+
 This module does not: read the DHT, encode frames to bytes, embed tokens, draft or sample. It is one
 concern (one generation's route and its failover) and stays one file past the house's ~400 lines:
 its steps, chaining and failover share one route's state, and every decision is already in route/.
@@ -101,6 +113,10 @@ class SessionSpec:
         n_layers: layers in the model; the route covers [0, n_layers).
         n_tokens: KV tokens to reserve on every hop (prompt + max new tokens).
         sampling: sampling parameters for the last hop.
+        token_ids: every Forward carries its rows' token ids (`Forward.token_ids`): the model's arch
+            row has a `token_ids` sideband (some of its layers read them).
+        rollback_exact: the model's hops can roll a sequence back to an earlier position
+            (`ArchRow.rollback_exact`); False: a rewind is replaced by a rebuild (module docstring).
     """
 
     model_id: str
@@ -108,6 +124,8 @@ class SessionSpec:
     n_layers: int
     n_tokens: int
     sampling: SamplingParams
+    token_ids: bool = False
+    rollback_exact: bool = True
 
 
 @dataclass
@@ -215,6 +233,9 @@ class RouteSession:
         """The last hop's answer to the last row of the latest replay through it."""
         self._push_broken = False
         """A receipt showed pushed rows altered between two hops: this generation relays from then on."""
+        self._ids = np.zeros(0, np.int32)
+        """With `spec.token_ids`: the token id at each position the route was given (prompt ids from
+        `open`, then each step's); entries at and past `pos` may be stale and are overwritten."""
         self.checks: SpotChecks | None = None
         """Spot checks of the hops (swarm/client/checks.py); None: none. A peer they catch is
         dropped before the next step, the route rebuilt and rolled back to its first wrong row
@@ -230,6 +251,7 @@ class RouteSession:
         prefixes: tuple[tuple[int, bytes], ...] = (),
         prefix_rows: Callable[[int], np.ndarray] | None = None,
         prompt_tokens: int = 0,
+        prompt_ids: np.ndarray | None = None,
     ) -> None:
         """Plan a route over every layer and open a session on each hop.
 
@@ -240,11 +262,19 @@ class RouteSession:
                 used to rebuild the route when a replacement cannot restore a restored prefix.
             prompt_tokens: the prompt's length: a route caught computing wrong rolls back to the
                 prompt's end at the earliest (0: to the token after the first wrong row).
+            prompt_ids: with `spec.token_ids`, the prompt's token ids (`[prompt_tokens]` ints): the
+                ids of a restored prefix's positions, which a rebuilt route replays; else ignored.
         After it, `pos` is the restored length: the caller's first step starts there.
         Raises:
             NoRoute: no chain of live peers with room, even after a fresh probe of excluded peers,
                 or every attempt to open one failed.
+            ValueError: `spec.token_ids` and prefixes offered without `prompt_ids`.
         """
+        if self.spec.token_ids:
+            if prompt_ids is None and prefixes:
+                raise ValueError("a route whose Forwards carry token ids needs the prompt's ids to restore")
+            if prompt_ids is not None:
+                self._record_ids(0, prompt_ids)
         self._offers, self._prefix_rows, self.prompt_tokens = prefixes, prefix_rows, prompt_tokens
         self._hops = await self._open_stretch(0, self.spec.n_layers, None, fresh=True)
         self.telemetry.route = [h.telemetry for h in self._hops]
@@ -257,7 +287,8 @@ class RouteSession:
         """The largest verify group every hop of the route computes exactly as one-row steps."""
         return min((h.verify_rows for h in self._hops), default=1)
 
-    async def step(self, x: np.ndarray, *, verify: bool = False, group_rows: int | None = None) -> Token:
+    async def step(self, x: np.ndarray, *, verify: bool = False, group_rows: int | None = None,
+                   token_ids: np.ndarray | None = None) -> Token:
         """Run `x` (`[n, hidden]` float32, positions pos..pos+n-1) through every hop.
 
         A failed hop is replaced and replayed, and the step continues (see the module docstring).
@@ -266,35 +297,47 @@ class RouteSession:
             verify: a verify pass (`Forward.verify`): the Token carries one sampled token per row.
             group_rows: a verify pass's rows per step (`Forward.steps`, recorded as such for replay);
                 None: the route's `verify_rows`, recorded as one-row steps (they compute as such).
+            token_ids: `[n]` the rows' token ids; required with `spec.token_ids`, else ignored.
         Returns:
             Token: the last hop's sampled token after the last row (`tokens`: after every row).
         Raises:
             Rewound: a spot check caught a hop computing wrong: the route was rebuilt and rolled
                 back, and `x` (computed from wrong text) was not run.
             SwarmError: more than policy.max_failovers failovers, or no replacement for a failed hop.
+            ValueError: `spec.token_ids` and no `[n]` token ids given.
         """
+        if self.spec.token_ids and (token_ids is None or len(token_ids) != x.shape[0]):
+            raise ValueError(f"this model's Forwards carry token ids: give {x.shape[0]}, one per row")
         if await self._apply_checks():
             raise Rewound(self.pos, self._replayed_token)
         pos0, i, x0 = self.pos, 0, x
+        if self.spec.token_ids:
+            self._record_ids(pos0, token_ids)
         pushed_step: int | None = None  # the step hop i's input was pushed with (None: send it)
-        rewind, push = self._stale, False
+        rewind, push, sent_push = self._stale, False, False
         steps, record = self._verify_steps(x.shape[0], verify, group_rows)
         while i < len(self._hops):
-            hop, t_start = self._hops[i], self._now()
+            hop, t_start, n_after = self._hops[i], self._now(), len(self._hops) - i - 1
             try:
                 if pushed_step is None:
                     # a hop that restores a prefix first must be sent its step: a pushed frame cannot say so
                     push = self.chained and not any(h.pending_restore for h in self._hops)
+                    sent_push = sent_push or push
                     reply = await self._forward(hop, pos0, x, push=push, rewind=rewind, steps=steps,
                                                 verify=verify)
                 else:
                     reply = await self._pushed_reply(hop, pushed_step, x.shape, verify)
-                    if reply.receipt and reply.receipt != receipt(x):
+                    if reply.receipt and reply.receipt != receipt(x, self._row_ids(pos0, x.shape[0])):
                         self._chain_broken(i)  # it computed other rows than the pusher says it sent
                         pushed_step, rewind = None, True
+                        if not self.spec.rollback_exact:  # hop i holds the step: it cannot roll back
+                            await self._restart()
+                            i, x = 0, x0
                         continue
             except _HopFailed as f:
-                if await self._fail_over(i, f.error, t_start):
+                # a later hop may hold this step from a push; if it cannot roll back, start afresh
+                whole = not self.spec.rollback_exact and sent_push and n_after > 0
+                if await self._fail_over(i, f.error, t_start, whole_route=whole):
                     i, x = 0, x0  # the whole route was rebuilt: run this step from the first hop
                 else:
                     rewind = True  # later hops may hold this step already, from a push before the failure
@@ -329,7 +372,8 @@ class RouteSession:
         (`Forward.rewind`) before computing.
 
         Raises:
-            ValueError: n < 1 or more rows than the last step had.
+            ValueError: n < 1 or more rows than the last step had, or fewer rows than it had on a
+                model whose hops cannot roll back (`spec.rollback_exact` False: no speculation there).
         """
         n_last = self.pos - self._last_pos0
         if not 1 <= n <= n_last:
@@ -337,6 +381,8 @@ class RouteSession:
         new_pos = self._last_pos0 + n
         if new_pos == self.pos:
             return
+        if not self.spec.rollback_exact:
+            raise ValueError(f"keep {n} rows of a step of {n_last}: this model's hops cannot roll back")
         for hop in self._hops:
             drop_rows(hop.inputs, self.pos - new_pos)
         self.pos, self._stale = new_pos, True
@@ -355,19 +401,40 @@ class RouteSession:
 
     # -- steps -------------------------------------------------------------------------------------
 
+    def _record_ids(self, pos0: int, ids) -> None:
+        """Note the token ids of positions pos0.. (`spec.token_ids`)."""
+        ids = np.asarray(ids, dtype=np.int32).reshape(-1)
+        end = pos0 + ids.shape[0]
+        if end > self._ids.shape[0]:
+            self._ids = np.concatenate([self._ids, np.zeros(end - self._ids.shape[0], np.int32)])
+        self._ids[pos0:end] = ids
+
+    def _row_ids(self, pos0: int, n: int) -> np.ndarray:
+        """The `Forward.token_ids` of rows at positions [pos0, pos0 + n): their ids with
+        `spec.token_ids`, else none (empty)."""
+        return self._ids[pos0 : pos0 + n].copy() if self.spec.token_ids else np.zeros(0, np.int32)
+
+    async def _restart(self) -> None:
+        """Rebuild the whole route into fresh sessions, replayed up to `pos`: for a model whose hops
+        cannot roll back (`spec.rollback_exact` False), where a hop may hold rows past `pos`."""
+        self._hops = await self._rebuild()
+        self.telemetry.route = [h.telemetry for h in self._hops]
+        await self._chain()
+
     async def _forward(
         self, hop: _Hop, pos0: int, x: np.ndarray, push: bool = False, rewind: bool = False,
         steps: tuple[int, ...] = (), verify: bool = False,
     ) -> Hidden | Token:
         last = hop.span.end == self.spec.n_layers
+        ids = self._row_ids(pos0, x.shape[0])
         frame = Forward(step=self._step, pos0=pos0, hidden=x, restore=hop.pending_restore,
                         push=push and not last, rewind=rewind and not hop.pending_restore, steps=steps,
-                        verify=verify)
+                        verify=verify, token_ids=ids)
         self._step += 1
         reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy, steps))
         hop.pending_restore = 0
         reply = self._checked(hop, reply, x.shape, verify)
-        if reply.receipt and reply.receipt != receipt(x):
+        if reply.receipt and reply.receipt != receipt(x, ids):
             raise _HopFailed(
                 hop.span, ProtocolError(f"peer {hop.peer_id[:12]}… answered with the receipt of other rows")
             )
@@ -468,7 +535,9 @@ class RouteSession:
                 continue
             if any(a.shape != b.shape for a, b in zip(hop.inputs, nxt.inputs)):
                 continue
-            out.append(HopRecord(hop.span, tuple(hop.inputs), tuple(nxt.inputs), self._offers, self._step))
+            ids = self._row_ids(0, sum(b.shape[0] for b in hop.inputs))
+            out.append(HopRecord(hop.span, tuple(hop.inputs), tuple(nxt.inputs), self._offers, self._step,
+                                 ids))
         return out
 
     def _chain_broken(self, i: int) -> None:
@@ -531,10 +600,11 @@ class RouteSession:
 
     # -- failover ----------------------------------------------------------------------------------
 
-    async def _fail_over(self, i: int, error: SwarmError, t_start: float) -> bool:
+    async def _fail_over(self, i: int, error: SwarmError, t_start: float, whole_route: bool = False) -> bool:
         """Replace hop i by new hops for its layers, caught up to `self.pos` by replay (after the
         longest prefix they can restore). Returns True when the whole route had to be rebuilt
-        instead (the caller reruns the step from the first hop)."""
+        instead (the caller reruns the step from the first hop): when no such hops could be had, or
+        at once with `whole_route`."""
         hop = self._hops[i]
         if len(self.telemetry.failovers) >= self.policy.max_failovers:
             raise SwarmError(
@@ -552,17 +622,19 @@ class RouteSession:
         self.telemetry.failovers.append(event)
         # The snapshot this generation planned from is seconds old and already lists the failed hop's
         # peers of the same span: re-plan from it, and read the DHT only if it has no replacement.
-        rebuilt = False
-        try:
-            new = await self._open_stretch(hop.span.start, hop.span.end, rows, fresh=False, base=hop.base)
-            self._hops[i : i + 1] = new
-        except (CannotRestore, NoRoute):
-            # NoRoute: no chain of live spans joins exactly the failed hop's boundaries, though a
-            # whole new route may (other peers' spans start or end elsewhere).
-            if len(self._hops) == 1:
-                raise
-            new, rebuilt = await self._rebuild(), True
-            self._hops = new
+        rebuilt = whole_route
+        if not whole_route:
+            try:
+                new = await self._open_stretch(hop.span.start, hop.span.end, rows, fresh=False, base=hop.base)
+                self._hops[i : i + 1] = new
+            except (CannotRestore, NoRoute):
+                # NoRoute: no chain of live spans joins exactly the failed hop's boundaries, though a
+                # whole new route may (other peers' spans start or end elsewhere).
+                if len(self._hops) == 1:
+                    raise
+                rebuilt = True
+        if rebuilt:
+            new = self._hops = await self._rebuild()
         hop.inputs.clear()  # after a rebuild, which replays the first hop's recorded rows
         self.telemetry.route = [h.telemetry for h in self._hops]
         await self._chain()

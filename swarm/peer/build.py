@@ -39,6 +39,7 @@ from swarm.peer.announce import Announcer
 from swarm.peer.config import ServeConfig
 from swarm.peer.rebalance import Rebalancer
 from swarm.peer.rules import Throughput
+from swarm.peer.scheduler import probe_token_ids
 from swarm.peer.snapshots import PrefixService
 from swarm.peer.testlie import requantize
 from swarm.peer.span import Span
@@ -277,12 +278,14 @@ def measure_throughput(executor: SpanExecutor, prefill_tokens: int = 64, decode_
     """
     rng = np.random.default_rng(0)
     x = rng.standard_normal((prefill_tokens, executor.n_embd), dtype=np.float32)
+    ids = probe_token_ids(executor, rng, prefill_tokens)
     t0 = time.perf_counter()
-    executor.forward(0, 0, x)
+    executor.forward(0, 0, x, token_ids=ids)
     prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for i in range(decode_steps):
-        executor.forward(0, prefill_tokens + i, x[i : i + 1])
+        executor.forward(0, prefill_tokens + i, x[i : i + 1],
+                         token_ids=None if ids is None else ids[i : i + 1])
     decode_s = time.perf_counter() - t0
     executor.clear(0)
     return Throughput(

@@ -18,6 +18,7 @@ import numpy as np
 
 from swarm.errors import ExecutorError
 from swarm.ggml_bridge.executor import SpanExecutor
+from swarm.peer.scheduler import probe_token_ids
 
 VERIFY_PROBE_ROWS = 8
 """Largest verify group a span probes (and so announces): a pass of more rows goes in several groups."""
@@ -45,20 +46,26 @@ def probe_exact_step_rows(ex: SpanExecutor, rows: int = VERIFY_PROBE_ROWS, *, se
     rng = np.random.default_rng(seed)
     hist = rng.standard_normal((_HISTORY_ROWS, ex.n_embd)).astype(np.float32)
     xs = rng.standard_normal((rows, ex.n_embd)).astype(np.float32)
+    hist_ids = probe_token_ids(ex, rng, _HISTORY_ROWS)
+    ids = probe_token_ids(ex, rng, rows)
 
     def after_history() -> None:
         # clear and recompute rather than truncate: a recurrent state cannot roll back
         ex.clear(0)
-        ex.forward(0, 0, hist)
+        ex.forward(0, 0, hist, token_ids=hist_ids)
+
+    def row_ids(a: int, b: int) -> np.ndarray | None:
+        return None if ids is None else ids[a:b]
 
     try:
         after_history()
-        solo = np.concatenate([ex.forward(0, _HISTORY_ROWS + i, xs[i : i + 1], all_logits=True)
-                               for i in range(rows)])
+        solo = np.concatenate([ex.forward(0, _HISTORY_ROWS + i, xs[i : i + 1], all_logits=True,
+                                          token_ids=row_ids(i, i + 1)) for i in range(rows)])
         best = 1
         for n in range(2, rows + 1):
             after_history()
-            if not np.array_equal(ex.forward(0, _HISTORY_ROWS, xs[:n], all_logits=True), solo[:n]):
+            out = ex.forward(0, _HISTORY_ROWS, xs[:n], all_logits=True, token_ids=row_ids(0, n))
+            if not np.array_equal(out, solo[:n]):
                 break
             best = n
         return best

@@ -4,8 +4,9 @@ A stream carries one session from `Open` to `Close`: the handler admits it into 
 (swarm/peer/span.py), then answers each `Forward` with `Hidden` (or `Token` on the last span, which
 samples; a verify pass of speculative decoding, `Forward.verify`, gets one sampled token per row),
 each with the receipt of the rows it computed (`swarm.wire.receipt`), applies `Truncate` and `Chain`,
-and releases the session when the stream ends for any
-reason. A bad frame or bad request gets an `Error` frame; request errors keep the session open,
+and releases the session when the stream ends for any reason. A Forward's token ids
+(`Forward.token_ids`) go to the span with its rows; a span whose layers read them refuses a step
+without them. A bad frame or bad request gets an `Error` frame; request errors keep the session open,
 protocol errors end this stream only. Other sessions never notice. Which Open is refused, and in
 what order, is `swarm.peer.rules.open_refusal`.
 
@@ -265,7 +266,7 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
         restore = (frame.restore, prefixes.restorable.get(frame.restore)) if frame.restore else None
         reply = await span.forward(slot, frame.pos0, frame.hidden, all_logits=all_logits, steps=frame.steps,
                                    finish=lambda out: _reply(span, frame, out, session.sampling, streams.liar),
-                                   restore=restore)
+                                   restore=restore, token_ids=frame.token_ids)
         if span.prefixes is not None and rules.keeps_prefix(prefixes.offers, prefixes.kept, slot.pos):
             prefixes.kept = True  # the whole offered prompt is in the cache: keep it once
             await span.keep_prefix(slot, prefixes.offers)
@@ -289,7 +290,8 @@ def _reply(span: Span, frame: Forward, r: StepOutput, sampling: SamplingParams,
     """
     if not span.is_last:
         out = r.out if liar is None else liar.corrupt(r.out, frame.pos0, frame.steps)
-        return Hidden(step=frame.step, hidden=out, compute_ms=r.compute_ms, receipt=receipt(frame.hidden))
+        return Hidden(step=frame.step, hidden=out, compute_ms=r.compute_ms,
+                      receipt=receipt(frame.hidden, frame.token_ids))
     t0 = time.perf_counter()
     s = sample(r.out[-1], sampling, position=frame.pos0 + frame.n_tokens)
     tokens: tuple[int, ...] = ()
@@ -307,5 +309,5 @@ def _reply(span: Span, frame: Forward, r: StepOutput, sampling: SamplingParams,
         compute_ms=r.compute_ms + (time.perf_counter() - t0) * 1000.0,
         logits=logits,
         tokens=tokens,
-        receipt=receipt(frame.hidden),
+        receipt=receipt(frame.hidden, frame.token_ids),
     )

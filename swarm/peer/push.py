@@ -4,10 +4,11 @@ feed a session from its previous hop.
 A `Chain` frame names the next hop (peer, session, addresses) and the previous hop's peer. The
 session's `PushState` then opens a PUSH_PROTOCOL stream to the next hop in the background (`Attach`
 names the session there); a `Forward` with `push` is run, its output sent on that stream as a pushed
-Forward, and the client answered with a copy (`Hidden.pushed`). `serve_push` serves the receiving
-end: only the named previous peer may attach, a pushed frame at a position the session has passed is
-dropped as stale (unless it says `rewind`; `swarm.peer.rules.accepts_pushed`), and answers go to the
-client's stream. Each session's frames, from either stream, run one at a time under its lock.
+Forward (with the step's token ids, `Forward.token_ids`, which the next hop may read), and the
+client answered with a copy (`Hidden.pushed`). `serve_push` serves the receiving end: only the named
+previous peer may attach, a pushed frame at a position the session has passed is dropped as stale
+(unless it says `rewind`; `swarm.peer.rules.accepts_pushed`), and answers go to the client's stream.
+Each session's frames, from either stream, run one at a time under its lock.
 
 This module does not: run frames (the handler's `answer`, passed in, does) or own sessions.
 """
@@ -118,7 +119,7 @@ class PushState:
             stream = task.result()
             await stream.send(encode_frame(Forward(step=frame.step, pos0=frame.pos0, hidden=out, push=True,
                                                    rewind=frame.rewind, steps=frame.steps,
-                                                   verify=frame.verify)))
+                                                   verify=frame.verify, token_ids=frame.token_ids)))
             if after_push is not None:
                 after_push()
             return True

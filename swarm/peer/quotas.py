@@ -37,7 +37,7 @@ largest frames (MAX_FRAME_BYTES, 64 MiB)."""
 
 SMALL_FRAME_BYTES = 1024 * 1024
 """Frames up to this size never wait for the peer's byte budget (they still count in it, and against
-the client's own): a decode step's frame (4 x n_embd bytes and a header, 256 KiB at n_embd 65,536)
+the client's own): a decode step's frame (4 B x its row width and a header, 256 KiB at MAX_HIDDEN)
 must not queue behind bulk frames whose senders stall. What they add past the budget is bounded by
 max_streams x SMALL_FRAME_BYTES."""
 

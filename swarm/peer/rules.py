@@ -107,6 +107,16 @@ def width_refusal(width: int, n_embd: int) -> str | None:
     return f"hidden size {width} != span's {n_embd}" if width != n_embd else None
 
 
+def token_ids_refusal(n_ids: int, reads_token_ids: bool, start: int, end: int) -> str | None:
+    """Why a Forward carrying `n_ids` token ids (`Forward.token_ids`; the frame already checked that
+    there are 0 or one per row) is refused by span [start, end), or None. A span whose layers read
+    token ids (`SpanExecutor.needs_token_ids`) needs them; the others ignore them."""
+    if reads_token_ids and not n_ids:
+        return (f"layers [{start}, {end}) read token ids (hash-routed experts): a Forward must carry "
+                f"its rows' token_ids")
+    return None
+
+
 def truncate_refusal(pos: int, session_pos: int) -> str | None:
     """Why a session at `session_pos` cannot be truncated to `pos`, or None."""
     if not 0 <= pos <= session_pos:

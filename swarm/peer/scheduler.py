@@ -220,6 +220,7 @@ class _Job:
     pos0: int = 0
     hidden: np.ndarray | None = None
     all_logits: bool = False
+    token_ids: np.ndarray | None = None
     fn: Callable[..., Any] | None = None
     args: tuple = ()
     done_rows: int = 0
@@ -261,12 +262,14 @@ class StepScheduler:
         self._last_other: dict[str, int] = {}
         self._unit_no = 0
 
-    async def step(self, seq_id: int, pos0: int, hidden: np.ndarray, *,
-                   all_logits: bool = False, steps: Sequence[int] = (), client: str = "") -> StepOutput:
+    async def step(self, seq_id: int, pos0: int, hidden: np.ndarray, *, all_logits: bool = False,
+                   steps: Sequence[int] = (), client: str = "",
+                   token_ids: np.ndarray | None = None) -> StepOutput:
         """Run the span on `hidden` rows of sequence `seq_id` from `pos0`; batched or chunked.
 
         Args:
-            seq_id, pos0, hidden, all_logits: as `SpanExecutor.forward`; hidden [n, n_embd] float32.
+            seq_id, pos0, hidden, all_logits, token_ids: as `SpanExecutor.forward`; hidden [n, n_embd]
+                float32, token_ids [n] or None (each chunk, batch row and step gets its rows' ids).
             steps: () for one step, or the row counts (summing to n) of several steps run one after
                 the other, each exactly as if it came alone (wire.Forward.steps).
             client: the remote client the step is for; units are shared fairly among clients.
@@ -276,22 +279,24 @@ class StepScheduler:
             ExecutorError: as `SpanExecutor.forward`; the sequence is as before the step.
         """
         if len(steps) > 1:
-            return await self._steps(seq_id, pos0, hidden, all_logits, steps, client)
-        job = _Job(asyncio.get_running_loop().create_future(), seq_id, pos0, hidden, all_logits, client=client)
+            return await self._steps(seq_id, pos0, hidden, all_logits, steps, client, token_ids)
+        job = _Job(asyncio.get_running_loop().create_future(), seq_id, pos0, hidden, all_logits, token_ids,
+                   client=client)
         now = self._run_now(job)
         if now is not None:
             return now
         return await self._submit(job)
 
     async def _steps(self, seq_id: int, pos0: int, hidden: np.ndarray, all_logits: bool,
-                     steps: Sequence[int], client: str) -> StepOutput:
+                     steps: Sequence[int], client: str, token_ids: np.ndarray | None) -> StepOutput:
         """Several steps of one sequence in order; atomic like one step: a failure or cancellation
         rolls the sequence back to `pos0`."""
         outs: list[np.ndarray] = []
         ms, a = 0.0, 0
         try:
             for n in steps:
-                r = await self.step(seq_id, pos0 + a, hidden[a : a + n], all_logits=all_logits, client=client)
+                r = await self.step(seq_id, pos0 + a, hidden[a : a + n], all_logits=all_logits, client=client,
+                                    token_ids=None if token_ids is None else token_ids[a : a + n])
                 outs.append(r.out)
                 ms, a = ms + r.compute_ms, a + n
                 # a step run inline returns without yielding: let pings and other sessions in
@@ -465,11 +470,13 @@ class StepScheduler:
         if len(jobs) == 1:
             j = jobs[0]
             try:
-                return [ex.forward(j.seq_id, j.pos0, j.hidden, all_logits=j.all_logits)]
+                return [ex.forward(j.seq_id, j.pos0, j.hidden, all_logits=j.all_logits,
+                                   token_ids=j.token_ids)]
             except ExecutorError as e:
                 return [e]
         try:
-            return ex.forward_batch([BatchStep(j.seq_id, j.pos0, j.hidden, j.all_logits) for j in jobs])
+            return ex.forward_batch([BatchStep(j.seq_id, j.pos0, j.hidden, j.all_logits, j.token_ids)
+                                     for j in jobs])
         except ExecutorError:
             # The batch left every sequence as it was; run the steps alone so only a bad one fails.
             return [StepScheduler._batch(ex, [j])[0] for j in jobs]
@@ -477,7 +484,9 @@ class StepScheduler:
     @staticmethod
     def _chunk(ex: SpanExecutor, job: _Job, rows: int) -> np.ndarray:
         a = job.done_rows
-        return ex.forward(job.seq_id, job.pos0 + a, job.hidden[a : a + rows], all_logits=job.all_logits)
+        ids = None if job.token_ids is None else job.token_ids[a : a + rows]
+        return ex.forward(job.seq_id, job.pos0 + a, job.hidden[a : a + rows], all_logits=job.all_logits,
+                          token_ids=ids)
 
     def _after_chunk(self, ex: SpanExecutor, job: _Job, rows: int, out, ms: float, err) -> None:
         if err is not None:
@@ -530,26 +539,34 @@ def probe_exact_batch_rows(ex: SpanExecutor, rows: int, *, seed: int = 0) -> int
             raise ExecutorError(f"probe needs empty sequences, {s} holds tokens")
     rng = np.random.default_rng(seed)
     hist = [rng.standard_normal((3 + s, ex.n_embd)).astype(np.float32) for s in range(rows)]
+    hist_ids = [probe_token_ids(ex, rng, 3 + s) for s in range(rows)]
 
     def replay(n: int) -> None:
         # clear and recompute rather than truncate: a recurrent state cannot roll back
         for s in range(n):
             ex.clear(s)
-            ex.forward(s, 0, hist[s])
+            ex.forward(s, 0, hist[s], token_ids=hist_ids[s])
 
     try:
         replay(rows)
         xs = [rng.standard_normal((1, ex.n_embd)).astype(np.float32) for _ in range(rows)]
-        solo = [ex.forward(s, len(hist[s]), xs[s]) for s in range(rows)]
+        ids = [probe_token_ids(ex, rng, 1) for _ in range(rows)]
+        solo = [ex.forward(s, len(hist[s]), xs[s], token_ids=ids[s]) for s in range(rows)]
         for n in sorted({rows, min(rows, 3), 1}, reverse=True):
             replay(n)
-            outs = ex.forward_batch([BatchStep(s, len(hist[s]), xs[s]) for s in range(n)])
+            outs = ex.forward_batch([BatchStep(s, len(hist[s]), xs[s], token_ids=ids[s]) for s in range(n)])
             if all(np.array_equal(o, r) for o, r in zip(outs, solo)):
                 return n
         return 1
     finally:
         for s in range(rows):
             ex.clear(s)
+
+
+def probe_token_ids(ex: SpanExecutor, rng: np.random.Generator, n: int) -> np.ndarray | None:
+    """Random token ids for `n` rows of a probe on `ex`: [n] int32 in [0, n_vocab) when the span
+    reads token ids (hash-routed layers route each row by its id), else None."""
+    return rng.integers(0, ex.n_vocab, n, dtype=np.int32) if ex.needs_token_ids else None
 
 
 def exact_batch_cap(ex: SpanExecutor, *, probe_rows: int = 8) -> int:

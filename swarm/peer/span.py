@@ -31,6 +31,7 @@ from swarm.peer.rules import (
     not_restorable,
     restore_refusal,
     span_record,
+    token_ids_refusal,
     truncate_refusal,
     width_refusal,
 )
@@ -118,8 +119,11 @@ class Span:
 
     async def forward(self, slot: SessionSlot, pos0: int, hidden: np.ndarray, *, all_logits: bool,
                       steps: Sequence[int], finish: Callable[[StepOutput], object],
-                      restore: tuple[int, bytes | None] | None = None):
+                      restore: tuple[int, bytes | None] | None = None, token_ids: np.ndarray | None = None):
         """Run `hidden` [n_tokens, n_embd] at `pos0` on the session, then advance it.
+
+        `token_ids` ([n_tokens] int32, or None / empty: none sent) go to the executor with the rows;
+        a span whose layers read them refuses a step without them (`rules.token_ids_refusal`).
 
         `finish` turns the step's output into the reply (the last span samples there) before the
         session advances: a reply that cannot be made leaves the session where it was.
@@ -131,28 +135,36 @@ class Span:
             what `finish` returns.
         Raises:
             RequestError: the prefix cannot be restored (see `restore`); the step does not continue
-                the session, passes its reservation, or has the wrong width; `finish` refused the output.
+                the session, passes its reservation, has the wrong width or lacks the token ids the
+                span reads; `finish` refused the output.
             ExecutorError: the executor failed.
         """
+        ids = None if token_ids is None or not token_ids.shape[0] else token_ids
+        why = token_ids_refusal(0 if ids is None else ids.shape[0], self.executor.needs_token_ids,
+                                self.start, self.end)
+        if why is not None:
+            raise RequestError(why)
         if restore is None:
-            return await self._step(slot, pos0, hidden, all_logits=all_logits, steps=steps, finish=finish)
+            return await self._step(slot, pos0, hidden, ids, all_logits=all_logits, steps=steps,
+                                    finish=finish)
         await self.restore(slot, *restore)
         try:
-            return await self._step(slot, pos0, hidden, all_logits=all_logits, steps=steps, finish=finish)
+            return await self._step(slot, pos0, hidden, ids, all_logits=all_logits, steps=steps,
+                                    finish=finish)
         except SwarmError:
             await self.run(self.executor.clear, slot.seq_id)
             self.sessions.truncate(slot, 0)
             raise
 
-    async def _step(self, slot: SessionSlot, pos0: int, hidden: np.ndarray, *, all_logits: bool,
-                    steps: Sequence[int], finish: Callable[[StepOutput], object]):
+    async def _step(self, slot: SessionSlot, pos0: int, hidden: np.ndarray, token_ids: np.ndarray | None, *,
+                    all_logits: bool, steps: Sequence[int], finish: Callable[[StepOutput], object]):
         self.sessions.check_forward(slot, pos0, hidden.shape[0])
         why = width_refusal(hidden.shape[1], self.executor.n_embd)
         if why is not None:
             raise RequestError(why)
         rows = np.ascontiguousarray(hidden, dtype=np.float32)
         out = await self.scheduler.step(slot.seq_id, pos0, rows, all_logits=all_logits, steps=steps,
-                                        client=slot.owner)
+                                        client=slot.owner, token_ids=token_ids)
         reply = finish(out)
         self.sessions.advance(slot, hidden.shape[0], time.monotonic())
         return reply

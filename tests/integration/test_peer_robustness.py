@@ -288,6 +288,7 @@ def test_wrong_dtype_ends_the_stream(raw):
         "rewind": False,
         "steps": [],
         "verify": False,
+        "token_ids": 0,
         "dtype": "f64",
         "shape": [1, N_EMBD],
     }

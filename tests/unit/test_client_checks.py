@@ -27,30 +27,34 @@ N_NEW = 24
 POLICY = FailoverPolicy(replay_chunk_tokens=4)
 
 
-def swarm_of(liar_fault: str = "", lie_after: int = 0, third: bool = True) -> list[SpanPeer]:
+def swarm_of(liar_fault: str = "", lie_after: int = 0, third: bool = True,
+             id_layers: int = 0) -> list[SpanPeer]:
     """0:10, 10:20 ("m1", preferred by a lower RTT; `liar_fault` after `lie_after` Forwards), 10:20
-    ("m2", and "m3" when `third`), 20:30."""
+    ("m2", and "m3" when `third`), 20:30; layers [0, id_layers) read token ids."""
     peers = [
-        SpanPeer("a", 0, 10, N_LAYERS),
-        SpanPeer("m1", 10, 20, N_LAYERS, rtt_ms=0.5, fault=liar_fault, fault_after=lie_after),
-        SpanPeer("m2", 10, 20, N_LAYERS, rtt_ms=5.0),
-        SpanPeer("z", 20, 30, N_LAYERS),
+        SpanPeer("a", 0, 10, N_LAYERS, id_layers=id_layers),
+        SpanPeer("m1", 10, 20, N_LAYERS, rtt_ms=0.5, fault=liar_fault, fault_after=lie_after,
+                 id_layers=id_layers),
+        SpanPeer("m2", 10, 20, N_LAYERS, rtt_ms=5.0, id_layers=id_layers),
+        SpanPeer("z", 20, 30, N_LAYERS, id_layers=id_layers),
     ]
     if third:
-        peers.append(SpanPeer("m3", 10, 20, N_LAYERS, rtt_ms=6.0))
+        peers.append(SpanPeer("m3", 10, 20, N_LAYERS, rtt_ms=6.0, id_layers=id_layers))
     return peers
 
 
-def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | None = None, evidence_dir=None):
+def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | None = None, evidence_dir=None,
+             token_ids: bool = False):
     """Prefill PROMPT in chunks of 3, decode N_NEW tokens with spot checks, dropping the tokens a
     rewind replaces as swarm.client.generate's loop does; returns (tokens, telemetry, exclusions,
-    standing)."""
+    standing). `token_ids`: every Forward carries its rows' token ids (`SessionSpec.token_ids`)."""
     clock = VirtualClock()
     swarm = SimSwarm(peers, clock)
     exclusions = Exclusions(POLICY.exclusion_s)
     standing = standing or Standing(check)
     telemetry = GenerationTelemetry(backend="sim")
-    spec = SessionSpec("ab" * 8, "client", N_LAYERS, len(PROMPT) + N_NEW, SamplingParams())
+    spec = SessionSpec("ab" * 8, "client", N_LAYERS, len(PROMPT) + N_NEW, SamplingParams(),
+                       token_ids=token_ids)
 
     async def go() -> list[int]:
         s = RouteSession(spec, swarm, swarm, exclusions, telemetry, POLICY, now=clock.now, sleep=clock.sleep,
@@ -60,15 +64,15 @@ def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | Non
                               rng=random.Random(1))
         s.checks.settle_on_close = True
         try:
-            await s.open(prompt_tokens=len(PROMPT))
+            await s.open(prompt_tokens=len(PROMPT), prompt_ids=np.array(PROMPT))
             x = np.concatenate([embed(t) for t in PROMPT])
             for i in range(0, len(PROMPT), 3):
-                tok = await s.step(x[i : i + 3])
+                tok = await s.step(x[i : i + 3], token_ids=np.array(PROMPT[i : i + 3]))
             tok = await s.verify_prefill() or tok  # as swarm.client.remote.RemoteSession.prefill does
             tokens = [tok.token]
             while len(tokens) < N_NEW:
                 try:
-                    tokens.append((await s.step(embed(tokens[-1]))).token)
+                    tokens.append((await s.step(embed(tokens[-1]), token_ids=np.array(tokens[-1:]))).token)
                 except Rewound as r:
                     assert len(PROMPT) <= r.position < len(PROMPT) + len(tokens)
                     del tokens[r.position - len(PROMPT):]
@@ -94,6 +98,17 @@ def test_honest_peers_are_never_flagged_and_the_text_is_unchanged():
     # one check in flight at a time: a check due while one runs is skipped
     steps = [c.decode_step for c in t.checks]
     assert len(steps) >= 3 and steps == sorted(set(steps)) and {c.verdict for c in t.checks} == {"ok"}
+    assert all(c.peer_id == "m1" and c.rel_l2 == 0.0 and c.checkers == ["m2"] for c in t.checks)
+    assert t.failovers == [] and standing.penalties(0.0) == {}
+
+
+def test_checks_of_hops_that_read_token_ids_replay_them_with_each_rows_id():
+    # layers 0:20 read token ids: the checker of m1 (10:20) computes as m1 only with the same ids
+    plain, _, _, _ = generate(swarm_of(id_layers=20), CheckPolicy(rate=0.0, first_check_step=-1),
+                              token_ids=True)
+    tokens, t, _, standing = generate(swarm_of(id_layers=20), EVERY_STEP, token_ids=True)
+    assert tokens == plain
+    assert len(t.checks) >= 3 and {c.verdict for c in t.checks} == {"ok"}
     assert all(c.peer_id == "m1" and c.rel_l2 == 0.0 and c.checkers == ["m2"] for c in t.checks)
     assert t.failovers == [] and standing.penalties(0.0) == {}
 

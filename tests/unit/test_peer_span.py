@@ -14,7 +14,7 @@ from swarm.peer.span import Span
 
 
 class FakeExecutor:
-    n_batch, n_embd, n_threads, n_seq_max, is_last = 64, 4, 1, 4, False
+    n_batch, n_embd, n_threads, n_seq_max, is_last, needs_token_ids = 64, 4, 1, 4, False, False
 
     def __init__(self, name="a", fail_truncate=False):
         self.name, self.fail_truncate, self.calls, self.closed = name, fail_truncate, [], False
@@ -27,8 +27,9 @@ class FakeExecutor:
         if self.fail_truncate:
             raise ExecutorError("cannot roll back")
 
-    def forward(self, seq_id, pos0, hidden, *, all_logits=False):
+    def forward(self, seq_id, pos0, hidden, *, all_logits=False, token_ids=None):
         self.calls.append(("forward", seq_id, pos0, hidden.shape[0]))
+        self.token_ids = None if token_ids is None else token_ids.tolist()
         return hidden + 1.0
 
     def close(self):
@@ -77,6 +78,39 @@ def test_a_refused_rollback_leaves_the_table_where_the_cache_is():
         with pytest.raises(ExecutorError):
             await span.truncate(slot, 1)
         assert slot.pos == 3
+
+    asyncio.run(main())
+
+
+def test_a_span_that_reads_token_ids_refuses_a_step_without_them_and_passes_them_on():
+    async def main():
+        ex = FakeExecutor()
+        ex.needs_token_ids = True
+        span = _span(ex)
+        slot = await span.admit(b"s" * 16, "client", 32, 0.0)
+        for ids in (None, np.zeros(0, np.int32)):  # absent: None in-process, empty from the wire
+            with pytest.raises(RequestError, match=r"layers \[0, 4\) read token ids"):
+                await span.forward(slot, 0, np.zeros((2, 4), np.float32), all_logits=False, steps=(),
+                                   finish=lambda r: r, token_ids=ids)
+        assert slot.pos == 0 and not [c for c in ex.calls if c[0] == "forward"]
+        await span.forward(slot, 0, np.zeros((2, 4), np.float32), all_logits=False, steps=(),
+                           finish=lambda r: r, token_ids=np.array([7, 9], np.int32))
+        assert ex.token_ids == [7, 9] and slot.pos == 2
+        # recorded steps (Forward.steps): each step gets its own rows' ids
+        await span.forward(slot, 2, np.zeros((3, 4), np.float32), all_logits=False, steps=(1, 2),
+                           finish=lambda r: r, token_ids=np.array([1, 2, 3], np.int32))
+        assert ex.token_ids == [2, 3] and slot.pos == 5
+
+    asyncio.run(main())
+
+
+def test_a_span_that_reads_no_token_ids_ignores_an_absent_field():
+    async def main():
+        span = _span()
+        slot = await span.admit(b"s" * 16, "client", 32, 0.0)
+        await span.forward(slot, 0, np.zeros((1, 4), np.float32), all_logits=False, steps=(),
+                           finish=lambda r: r, token_ids=np.zeros(0, np.int32))
+        assert span.executor.token_ids is None and slot.pos == 1
 
     asyncio.run(main())
 

@@ -34,14 +34,15 @@ def peer(peer_id: str, start: int, end: int, **kw) -> SpanPeer:
 class Run:
     """A simulated swarm, its clock, and the exclusions its client keeps across generations."""
 
-    def __init__(self, peers: list[SpanPeer], policy: FailoverPolicy = POLICY):
+    def __init__(self, peers: list[SpanPeer], policy: FailoverPolicy = POLICY, **spec):
         self.clock = VirtualClock()
         self.swarm = SimSwarm(peers, self.clock)
         self.policy = policy
         self.exclusions = Exclusions(policy.exclusion_s)
+        self.spec = spec  # SessionSpec's token_ids / rollback_exact
 
     def session(self, telemetry: GenerationTelemetry) -> RouteSession:
-        spec = SessionSpec("ab" * 8, "client", N_LAYERS, len(PROMPT) + N_NEW, SamplingParams())
+        spec = SessionSpec("ab" * 8, "client", N_LAYERS, len(PROMPT) + N_NEW, SamplingParams(), **self.spec)
         return RouteSession(
             spec,
             self.swarm,
@@ -64,12 +65,12 @@ class Run:
                 await s.open()
                 x = np.concatenate([embed(t) for t in PROMPT])
                 for i in range(0, len(PROMPT), 3):
-                    tok = await s.step(x[i : i + 3])
+                    tok = await s.step(x[i : i + 3], token_ids=np.array(PROMPT[i : i + 3]))
                 tokens = [tok.token]
                 while len(tokens) < n_new:
                     if on_token:
                         on_token(len(tokens))
-                    tokens.append((await s.step(embed(tokens[-1]))).token)
+                    tokens.append((await s.step(embed(tokens[-1]), token_ids=np.array(tokens[-1:]))).token)
                 return tokens
             finally:
                 await s.close()
@@ -330,6 +331,83 @@ def flawed_draft(expected: list[int]):
         return d
 
     return draft
+
+
+ID_LAYERS = 10
+"""Layers [0, ID_LAYERS) of the token-id tests read each row's token id (deepseek4's hash layers)."""
+
+
+@pytest.fixture(scope="module")
+def expected_with_ids(expected) -> list[int]:
+    tokens, _ = Run([peer("whole", 0, N_LAYERS, id_layers=ID_LAYERS)], token_ids=True).generate()
+    assert tokens != expected  # the ids enter the computation
+    return tokens
+
+
+def test_token_ids_reach_the_layers_that_read_them_through_a_failover_replay(expected_with_ids):
+    # the first hop, which reads the ids, dies after the prompt's 3 frames and 2 decode steps: its
+    # replacement must be replayed every recorded row with the id of its position
+    run = Run([peer("a1", 0, 10, rtt_ms=0.5, id_layers=ID_LAYERS, fault="die", fault_after=5),
+               peer("a2", 0, 10, rtt_ms=5.0, id_layers=ID_LAYERS), peer("m", 10, 20, id_layers=ID_LAYERS),
+               peer("z", 20, 30, id_layers=ID_LAYERS)], token_ids=True)
+    tokens, t = run.generate()
+    assert tokens == expected_with_ids
+    assert [(f.peer_id, f.replacements) for f in t.failovers] == [("a1", ["a2"])]
+    assert t.failovers[0].replayed_tokens == len(PROMPT) + 2
+
+
+def test_a_peer_that_reads_token_ids_refuses_forwards_without_them():
+    run = Run([peer("a", 0, 10, id_layers=ID_LAYERS), peer("z", 10, 30, id_layers=ID_LAYERS)])
+    t = GenerationTelemetry(backend="sim")
+
+    async def go():
+        s = run.session(t)  # a spec without token_ids: its Forwards carry none
+        try:
+            await s.open()
+            with pytest.raises(NoRoute):
+                await s.step(np.concatenate([embed(tok) for tok in PROMPT]))
+        finally:
+            await s.close()
+
+    asyncio.run(go())
+    assert [(f.peer_id, f.reason) for f in t.failovers] == [("a", "error")]
+    assert "layers [0, 10) read token ids" in t.failovers[0].message
+    assert run.swarm.open_sessions() == 0
+
+
+def test_a_route_that_sends_token_ids_needs_them_for_every_step():
+    async def go():
+        s = Run([peer("whole", 0, N_LAYERS)], token_ids=True).session(GenerationTelemetry(backend="sim"))
+        try:
+            await s.open()
+            with pytest.raises(ValueError, match="give 2, one per row"):
+                await s.step(np.concatenate([embed(1), embed(2)]))
+            with pytest.raises(ValueError, match="give 2, one per row"):
+                await s.step(np.concatenate([embed(1), embed(2)]), token_ids=np.array([1]))
+            assert s.pos == 0
+        finally:
+            await s.close()
+
+    asyncio.run(go())
+
+
+def test_rows_kept_short_of_a_verify_pass_are_refused_where_hops_cannot_roll_back():
+    async def go():
+        run = Run([peer("whole", 0, N_LAYERS)], rollback_exact=False)
+        s = run.session(GenerationTelemetry(backend="sim"))
+        try:
+            await s.open()
+            await s.step(np.concatenate([embed(t) for t in PROMPT]))
+            await s.step(np.concatenate([embed(1), embed(2), embed(3)]), verify=True)
+            s.keep(3)  # every row: nothing to roll back
+            await s.step(np.concatenate([embed(4), embed(5)]), verify=True)
+            with pytest.raises(ValueError, match="cannot roll back"):
+                s.keep(1)
+            assert s.pos == len(PROMPT) + 5
+        finally:
+            await s.close()
+
+    asyncio.run(go())
 
 
 def test_speculative_generation_equals_plain_decoding(expected):

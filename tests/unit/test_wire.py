@@ -74,6 +74,8 @@ def _frames():
         Forward(step=9, pos0=131, hidden=H576, push=True, rewind=True),
         Forward(step=10, pos0=0, hidden=H_PREFILL, steps=(H_PREFILL.shape[0] - 2, 1, 1)),
         Forward(step=11, pos0=40, hidden=H_PREFILL, steps=(1,) * H_PREFILL.shape[0], verify=True),
+        Forward(step=12, pos0=3, hidden=H_PREFILL, token_ids=np.array([0, 7, 255, 2**20 - 1, 42], np.int64),
+                push=True),
         Token(step=11, token=5, logprob=None, top=(), compute_ms=0.5, tokens=(1, 2, 3, 4, 5)),
         Hidden(step=9, hidden=H576, compute_ms=1.0, pushed=True),
         Chain(next_peer="12D3KooWnext", next_session=bytes(16), next_addrs=("/ip4/10.0.0.2/tcp/4001",),
@@ -102,8 +104,11 @@ def test_round_trip_preserves_every_field(frame):
 def test_size_line_decode_frame_is_4_n_embd_plus_small_header():
     body = encode_frame(Forward(step=123456, pos0=100_000, hidden=H576))
     # generation 2 added 'restore' (9 B), generation 3 'push' and 'rewind' (15 B), generation 4 'steps' (7 B);
-    # generation 5 dropped 'sample' (8 B); generation 6 added 'verify' (8 B)
-    assert 4 * 576 < len(body) <= 4 * 576 + 126
+    # generation 5 dropped 'sample' (8 B); generation 6 added 'verify' (8 B), generation 7 'token_ids'
+    # (11 B: the count; the ids, when sent, follow the tensor at 4 B per row)
+    assert 4 * 576 < len(body) <= 4 * 576 + 137
+    ids = encode_frame(Forward(step=123456, pos0=100_000, hidden=H576, token_ids=np.array([5], np.int32)))
+    assert len(ids) == len(body) + 4
 
 
 def test_a_verify_pass_is_bounded_and_its_tokens_end_with_the_token():
@@ -128,14 +133,14 @@ def test_generation_mismatch_is_refused_before_the_header():
         decode_frame(bytes(body))
 
 
-def test_a_generation_5_peer_is_refused():
-    # generation 6 added Forward.verify: a generation-5 Forward (which lacks it) is refused by its
+def test_a_generation_6_peer_is_refused():
+    # generation 7 added Forward.token_ids: a generation-6 Forward (which lacks it) is refused by its
     # first byte, as the peer's handler refuses any mismatch at the handshake
-    assert PROTOCOL_GENERATION == 6
+    assert PROTOCOL_GENERATION == 7
     header = _fwd_header()
-    del header["verify"]
-    body = _raw(header, bytes(16), generation=5)
-    with pytest.raises(ProtocolError, match="peer speaks protocol generation 5, this one speaks 6"):
+    del header["token_ids"]
+    body = _raw(header, bytes(16), generation=6)
+    with pytest.raises(ProtocolError, match="peer speaks protocol generation 6, this one speaks 7"):
         decode_frame(body)
 
 
@@ -169,11 +174,78 @@ def _fwd_header(**over):
         "rewind": False,
         "steps": [],
         "verify": False,
+        "token_ids": 0,
         "dtype": "f32",
         "shape": [1, 4],
     }
     h.update(over)
     return h
+
+
+def test_token_ids_follow_the_tensor_and_decode_as_a_readonly_int32_view():
+    ids = np.array([3, 1, 4, 1, 5], np.int32)
+    body = encode_frame(Forward(step=1, pos0=0, hidden=H_PREFILL, token_ids=ids))
+    assert body[-20:] == ids.astype("<i4").tobytes()  # after the tensor bytes, little-endian int32
+    frame = decode_frame(body)
+    assert frame.token_ids.dtype == np.dtype("<i4") and frame.token_ids.tolist() == [3, 1, 4, 1, 5]
+    assert not frame.token_ids.flags.writeable
+    assert np.shares_memory(frame.token_ids, np.frombuffer(body, dtype=np.uint8))
+    assert frame.hidden.tobytes() == H_PREFILL.tobytes()  # the tensor ends where the ids start
+    absent = decode_frame(encode_frame(Forward(step=1, pos0=0, hidden=H_PREFILL)))
+    assert absent.token_ids.shape == (0,) and absent.token_ids.dtype == np.dtype("<i4")
+
+
+@pytest.mark.parametrize(
+    "ids, match",
+    [
+        (np.array([1, 2], np.int32), "holds 2 ids, the frame has 5 rows"),
+        (np.arange(6, dtype=np.int32), "holds 6 ids, the frame has 5 rows"),
+        (np.array([0, 1, -1, 2, 3], np.int32), r"ids in \[0, 1048575\]"),
+        (np.array([0, 1, 2**20, 2, 3], np.int64), r"ids in \[0, 1048575\]"),
+        (np.array([0, 1, 2**40, 2, 3], np.int64), r"ids in \[0, 1048575\]"),  # not wrapped into range
+        (np.zeros(5, np.float32), "1-D integer array"),
+        (np.zeros((5, 1), np.int32), "1-D integer array"),
+        ([0, 1, 2, 3, 4], "1-D integer array"),
+    ],
+)
+def test_token_ids_are_refused_on_construction(ids, match):
+    with pytest.raises(ProtocolError, match=match):
+        Forward(step=0, pos0=0, hidden=H_PREFILL, token_ids=ids)
+
+
+def _with_ids(n_rows: int, ids: list[int], count: int | None = None) -> bytes:
+    """A raw Forward of n_rows x 4 f32 zeros whose header counts `count` ids (default: len(ids))
+    and whose payload carries `ids` as int32 after the tensor."""
+    header = _fwd_header(shape=[n_rows, 4], token_ids=len(ids) if count is None else count)
+    return _raw(header, bytes(16 * n_rows) + np.asarray(ids, "<i4").tobytes())
+
+
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        (_with_ids(2, [1]), "holds 1 ids, the frame has 2 rows"),
+        (_with_ids(1, [1, 2]), "holds 2 ids, the frame has 1 rows"),
+        (_with_ids(2, [1, -5]), r"ids in \[0, 1048575\]"),
+        (_with_ids(1, [2**20]), r"ids in \[0, 1048575\]"),
+        (_with_ids(1, [1], count=-1), "'token_ids'"),
+        (_with_ids(1, [1], count=True), "'token_ids'"),
+        (_with_ids(1, [1], count="1"), "'token_ids'"),
+        (_with_ids(1, [1], count=100), "counts 100 ids"),
+        (_with_ids(2, [1, 2], count=1), "needs 32 B"),  # the tensor gets the uncounted bytes
+        (_with_ids(2, [1, 2], count=0), "needs 32 B"),
+    ],
+)
+def test_malformed_token_ids_raise_protocol_error(body, match):
+    with pytest.raises(ProtocolError, match=match):
+        decode_frame(body)
+
+
+def test_a_receipt_covers_the_token_ids_when_the_step_has_them():
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    assert receipt(x, np.zeros(0, np.int32)) == receipt(x, None) == receipt(x)
+    assert receipt(x, np.array([1, 2])) != receipt(x)
+    assert receipt(x, np.array([1, 2])) != receipt(x, np.array([2, 1]))
+    assert receipt(x, np.array([1, 2], np.int64)) == receipt(x, np.array([1, 2], np.int32))
 
 
 @pytest.mark.parametrize(
