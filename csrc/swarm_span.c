@@ -24,7 +24,8 @@ struct swarm_span {
     int32_t  n_ubatch;       // effective llama_n_ubatch(ctx)
     uint32_t n_seq_max;
     bool     is_last;
-    bool     require_tokens;  // steps must carry token ids (swarm_span_params.require_token_ids)
+    bool     require_tokens;  // the span's layers read token ids (swarm_span_params.require_token_ids)
+    bool     step_tokens;     // steps must carry token ids: require_tokens, or the MTP head reads them
     char     capture[CAPTURE_NAME_MAX + 16];  // "<capture_name>-<layer>"
 
     // per-call batch arrays, sized n_batch
@@ -50,6 +51,27 @@ struct swarm_span {
     // positions llama.cpp reads per token of an embedding batch: GGML_MROPE_SECTIONS for M-RoPE
     // models (section-major, pos[j * n_tokens + i]), else 1; `pos` holds n_batch * 4 entries
     int32_t         n_pos_per_token;
+
+    // the MTP head (swarm_span_params.mtp; NULL / unused without): its context and KV, the last
+    // block's residual rows of the current decode (captured, [n_batch, n_embd]), the head's input
+    // rows ([n_batch, n_embd]: h shifted by one position) and batch arrays of n_batch, and h of each
+    // sequence's last position ([n_seq_max, n_embd], zeros for an empty sequence)
+    struct llama_context * mtp_ctx;
+    llama_memory_t         mtp_mem;
+    float        * mtp_h;
+    float        * mtp_rows;
+    float        * mtp_pending;
+    llama_token  * mtp_tok;
+    llama_pos    * mtp_pos;
+    int8_t       * mtp_logits;
+};
+
+// One sequence's rows of an MTP feed: the next n rows of the captured h, at pos0.. of seq_id.
+struct mtp_seg {
+    int32_t         seq_id;
+    int32_t         pos0;
+    int32_t         n;
+    const int32_t * tokens;
 };
 
 static void quiet_log(enum ggml_log_level level, const char * text, void * ud) {
@@ -117,6 +139,18 @@ static int alloc_batch(struct swarm_span * s) {
             return SWARM_ERR_CONTEXT;
         }
     }
+    if (s->mtp_ctx) {
+        const size_t w = (size_t) s->n_embd;
+        s->mtp_h       = malloc(n * w * sizeof(float));
+        s->mtp_rows    = malloc(n * w * sizeof(float));
+        s->mtp_pending = calloc((size_t) s->n_seq_max * w, sizeof(float));
+        s->mtp_tok     = malloc(n * sizeof(*s->mtp_tok));
+        s->mtp_pos     = malloc(n * sizeof(*s->mtp_pos));
+        s->mtp_logits  = calloc(n, sizeof(*s->mtp_logits));
+        if (!s->mtp_h || !s->mtp_rows || !s->mtp_pending || !s->mtp_tok || !s->mtp_pos || !s->mtp_logits) {
+            return SWARM_ERR_CONTEXT;
+        }
+    }
     for (size_t i = 0; i < n; i++) {
         s->n_seq_id[i] = 1;
         s->seq_ptr[i]  = &s->seq_slot;
@@ -135,8 +169,13 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
         p->flash_attn < -1 || p->flash_attn > 1) {
         return SWARM_ERR_ARG;
     }
-    if (!p->is_last && (!p->capture_name || strlen(p->capture_name) > CAPTURE_NAME_MAX ||
-                        p->capture_layer < 0)) {
+    if (p->mtp != 0 && (p->mtp != 1 || !p->is_last)) {
+        return SWARM_ERR_ARG;  // the head follows the model's last layer
+    }
+    // a non-last span captures its boundary, an MTP span the residual its head reads
+    const bool captures = !p->is_last || p->mtp;
+    if (captures && (!p->capture_name || strlen(p->capture_name) > CAPTURE_NAME_MAX ||
+                     p->capture_layer < 0)) {
         return SWARM_ERR_ARG;
     }
     init_once();
@@ -147,17 +186,24 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
     }
     s->is_last   = p->is_last != 0;
     s->require_tokens = p->require_token_ids != 0;
+    s->step_tokens    = s->require_tokens || p->mtp;
     s->n_seq_max = p->n_seq_max;
-    if (!s->is_last) {
+    if (captures) {
         snprintf(s->capture, sizeof(s->capture), "%s-%d", p->capture_name, p->capture_layer);
     }
 
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
+    mp.load_mtp     = p->mtp != 0;
     s->model = llama_model_load_from_file(p->model_path, mp);
     if (!s->model) {
         free(s);
         return SWARM_ERR_LOAD;
+    }
+    // llama.cpp's MTP graphs run one appended block (deepseek4 asserts it); more would abort there
+    if (p->mtp && llama_model_n_layer_nextn(s->model) != 1) {
+        swarm_span_close(s);
+        return SWARM_ERR_ARG;
     }
     s->n_embd  = llama_model_n_embd_inp(s->model);
     {
@@ -166,7 +212,9 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
         s->n_pos_per_token = mrope ? GGML_MROPE_SECTIONS : 1;
     }
     s->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(s->model));
-    if (!s->is_last && p->capture_layer >= llama_model_n_layer(s->model)) {
+    // the head reads rows of the captured residual: they must be as wide as its h input
+    if ((captures && p->capture_layer >= llama_model_n_layer(s->model)) ||
+        (p->mtp && llama_model_n_embd_out(s->model) != s->n_embd)) {
         swarm_span_close(s);
         return SWARM_ERR_ARG;
     }
@@ -192,7 +240,7 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
     cp.kv_unified      = false;
     cp.embeddings      = false;
     cp.no_perf         = true;
-    if (!s->is_last) {
+    if (captures) {
         cp.cb_eval           = capture_cb;
         cp.cb_eval_user_data = s;
     }
@@ -200,6 +248,19 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
     if (!s->ctx) {
         swarm_span_close(s);
         return SWARM_ERR_CONTEXT;
+    }
+    if (p->mtp) {
+        // the head's own context on the same model: same sizes and threads, one KV stream per
+        // sequence over the MTP block only; it reads its h rows from the batch, so no callback
+        cp.cb_eval           = NULL;
+        cp.cb_eval_user_data = NULL;
+        cp.ctx_type          = LLAMA_CONTEXT_TYPE_MTP;
+        s->mtp_ctx = llama_init_from_model(s->model, cp);
+        if (!s->mtp_ctx) {
+            swarm_span_close(s);
+            return SWARM_ERR_CONTEXT;
+        }
+        s->mtp_mem = llama_get_memory(s->mtp_ctx);
     }
     s->mem     = llama_get_memory(s->ctx);
     s->n_batch  = (int32_t) llama_n_batch(s->ctx);
@@ -216,6 +277,9 @@ void swarm_span_close(struct swarm_span * s) {
     if (!s) {
         return;
     }
+    if (s->mtp_ctx) {
+        llama_free(s->mtp_ctx);
+    }
     if (s->ctx) {
         llama_free(s->ctx);
     }
@@ -230,6 +294,12 @@ void swarm_span_close(struct swarm_span * s) {
     free(s->seq_ptrs);
     free(s->cap_scratch);
     free(s->tok_scratch);
+    free(s->mtp_h);
+    free(s->mtp_rows);
+    free(s->mtp_pending);
+    free(s->mtp_tok);
+    free(s->mtp_pos);
+    free(s->mtp_logits);
     free(s);
 }
 
@@ -262,6 +332,76 @@ static int map_decode_rc(int rc) {
     return rc == 1 ? SWARM_ERR_KV_FULL : SWARM_ERR_DECODE;
 }
 
+// Empties seq_id in the span's cache and, with a head, in the head's (and its pending h).
+static void clear_seq(struct swarm_span * s, int32_t seq_id) {
+    llama_memory_seq_rm(s->mem, seq_id, -1, -1);
+    if (s->mtp_ctx) {
+        llama_memory_seq_rm(s->mtp_mem, seq_id, -1, -1);
+        memset(s->mtp_pending + (size_t) seq_id * s->n_embd, 0, sizeof(float) * (size_t) s->n_embd);
+    }
+}
+
+// Undoes a failed step of seq_id from pos0 in the span's cache and the head's (its pending h back to
+// saved). A cache that cannot drop those positions (deepseek4's compressed cache keeps few recent
+// positions) would leave the sequence half-advanced, and the head out of step: it is emptied instead.
+static void undo_step(struct swarm_span * s, int32_t seq_id, int32_t pos0, const float * saved) {
+    bool ok = llama_memory_seq_rm(s->mem, seq_id, pos0, -1);
+    if (s->mtp_ctx) {
+        ok = llama_memory_seq_rm(s->mtp_mem, seq_id, pos0, -1) && ok;
+        memcpy(s->mtp_pending + (size_t) seq_id * s->n_embd, saved, sizeof(float) * (size_t) s->n_embd);
+    }
+    if (!ok) {
+        clear_seq(s, seq_id);
+    }
+}
+
+// Feeds the MTP head the rows the span just decoded, segment after segment (their h captured in
+// mtp_h in that order): row i of a segment is its token at pos0 + i with h of the row before it
+// (the sequence's pending h for the first row), as common/speculative.cpp pairs them; then each
+// segment's last h becomes its sequence's pending h. One llama_decode, no outputs.
+static int mtp_feed(struct swarm_span * s, const struct mtp_seg * segs, int32_t n_segs) {
+    const size_t w = (size_t) s->n_embd;
+    int32_t t = 0;
+    for (int32_t k = 0; k < n_segs; k++) {
+        const struct mtp_seg * g = &segs[k];
+        for (int32_t i = 0; i < g->n; i++, t++) {
+            const float * h = i == 0 ? s->mtp_pending + (size_t) g->seq_id * w : s->mtp_h + (size_t) (t - 1) * w;
+            memcpy(s->mtp_rows + (size_t) t * w, h, w * sizeof(float));
+            s->mtp_tok[t]    = g->tokens[i];
+            s->mtp_pos[t]    = g->pos0 + i;
+            s->seq_ids[t]    = g->seq_id;
+            s->mtp_logits[t] = 0;
+        }
+    }
+    struct llama_batch b = {
+        .n_tokens = t,
+        .token    = s->mtp_tok,
+        .embd     = s->mtp_rows,
+        .pos      = s->mtp_pos,
+        .n_seq_id = s->n_seq_id,
+        .seq_id   = s->seq_ptrs,
+        .logits   = s->mtp_logits,
+    };
+    int rc = llama_decode(s->mtp_ctx, b);
+    if (rc != 0) {
+        return map_decode_rc(rc);
+    }
+    t = 0;
+    for (int32_t k = 0; k < n_segs; k++) {
+        t += segs[k].n;
+        memcpy(s->mtp_pending + (size_t) segs[k].seq_id * w, s->mtp_h + (size_t) (t - 1) * w, w * sizeof(float));
+    }
+    return SWARM_OK;
+}
+
+// Points the capture callback at dst for n rows (a non-last span's boundary, or the head's h).
+static void capture_into(struct swarm_span * s, float * dst, int64_t n) {
+    s->cap_dst      = dst;
+    s->cap_rows     = 0;
+    s->cap_max_rows = n;
+    s->cap_err      = 0;
+}
+
 // Decode tokens [off, off + n) of the step; fills the matching rows of step->out.
 static int decode_chunk(struct swarm_span * s, const struct swarm_span_step * st, int32_t off, int32_t n,
                         bool final_chunk) {
@@ -279,10 +419,9 @@ static int decode_chunk(struct swarm_span * s, const struct swarm_span_step * st
         .logits   = s->logits,
     };
     if (!s->is_last) {
-        s->cap_dst      = st->out + (size_t) off * s->n_embd;
-        s->cap_rows     = 0;
-        s->cap_max_rows = n;
-        s->cap_err      = 0;
+        capture_into(s, st->out + (size_t) off * s->n_embd, n);
+    } else if (s->mtp_ctx) {
+        capture_into(s, s->mtp_h, n);
     }
     spread_pos(s, b.n_tokens);
     int rc = llama_decode(s->ctx, b);
@@ -290,8 +429,13 @@ static int decode_chunk(struct swarm_span * s, const struct swarm_span_step * st
     if (rc != 0) {
         return map_decode_rc(rc);
     }
-    if (!s->is_last) {
-        return (s->cap_err || s->cap_rows != n) ? SWARM_ERR_CAPTURE : SWARM_OK;
+    if (!s->is_last || s->mtp_ctx) {
+        if (s->cap_err || s->cap_rows != n) {
+            return SWARM_ERR_CAPTURE;
+        }
+        if (!s->is_last) {
+            return SWARM_OK;
+        }
     }
     for (int32_t i = 0; i < n; i++) {
         if (!s->logits[i]) {
@@ -304,12 +448,16 @@ static int decode_chunk(struct swarm_span * s, const struct swarm_span_step * st
         size_t row = st->all_logits ? (size_t) (off + i) : 0;
         memcpy(st->out + row * s->n_vocab, lg, sizeof(float) * (size_t) s->n_vocab);
     }
+    if (s->mtp_ctx) {
+        const struct mtp_seg seg = { st->seq_id, st->pos0 + off, n, st->token_ids + off };
+        return mtp_feed(s, &seg, 1);
+    }
     return SWARM_OK;
 }
 
 int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * st) {
     if (!s || !st || !st->embd || !st->out || st->n_tokens < 1 || st->pos0 < 0 ||
-        (s->require_tokens && !st->token_ids) ||
+        (s->step_tokens && !st->token_ids) ||
         st->pos0 > INT32_MAX - st->n_tokens) {
         return SWARM_ERR_ARG;
     }
@@ -325,22 +473,30 @@ int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * st)
     if (st->pos0 != llama_memory_seq_pos_max(s->mem, st->seq_id) + 1) {
         return SWARM_ERR_POS;
     }
+    float * saved = NULL;  // the head's pending h before the step, restored on failure
+    if (s->mtp_ctx) {
+        saved = malloc(sizeof(float) * (size_t) s->n_embd);
+        if (!saved) {
+            return SWARM_ERR_DECODE;
+        }
+        memcpy(saved, s->mtp_pending + (size_t) st->seq_id * s->n_embd, sizeof(float) * (size_t) s->n_embd);
+    }
     s->seq_slot = st->seq_id;
-    for (int32_t off = 0; off < st->n_tokens; off += s->n_batch) {
+    for (int32_t off = 0; off < st->n_tokens && rc == SWARM_OK; off += s->n_batch) {
         int32_t n = st->n_tokens - off < s->n_batch ? st->n_tokens - off : s->n_batch;
         rc = decode_chunk(s, st, off, n, off + n == st->n_tokens);
-        if (rc != SWARM_OK) {
-            llama_memory_seq_rm(s->mem, st->seq_id, st->pos0, -1);
-            return rc;
-        }
     }
-    return SWARM_OK;
+    if (rc != SWARM_OK) {
+        undo_step(s, st->seq_id, st->pos0, saved);
+    }
+    free(saved);
+    return rc;
 }
 
 // Checks one step of a batch: arguments, sequence id, output capacity, position continuity.
 static int check_step(struct swarm_span * s, const struct swarm_span_step * st) {
     if (!st->embd || !st->out || st->n_tokens < 1 || st->pos0 < 0 || st->pos0 > INT32_MAX - st->n_tokens ||
-        (s->require_tokens && !st->token_ids)) {
+        (s->step_tokens && !st->token_ids)) {
         return SWARM_ERR_ARG;
     }
     int rc = check_seq(s, st->seq_id);
@@ -409,10 +565,9 @@ static int decode_group(struct swarm_span * s, const struct swarm_span_step * st
         .logits   = s->logits,
     };
     if (!s->is_last) {
-        s->cap_dst      = s->cap_scratch;
-        s->cap_rows     = 0;
-        s->cap_max_rows = t;
-        s->cap_err      = 0;
+        capture_into(s, s->cap_scratch, t);
+    } else if (s->mtp_ctx) {
+        capture_into(s, s->mtp_h, t);
     }
     spread_pos(s, b.n_tokens);
     int rc = llama_decode(s->ctx, b);
@@ -420,10 +575,19 @@ static int decode_group(struct swarm_span * s, const struct swarm_span_step * st
     if (rc != 0) {
         return map_decode_rc(rc);
     }
-    if (!s->is_last && (s->cap_err || s->cap_rows != t)) {
+    if ((!s->is_last || s->mtp_ctx) && (s->cap_err || s->cap_rows != t)) {
         return SWARM_ERR_CAPTURE;
     }
-    return split_outputs(s, steps, order, g0, g1);
+    rc = split_outputs(s, steps, order, g0, g1);
+    if (rc != SWARM_OK || !s->mtp_ctx) {
+        return rc;
+    }
+    struct mtp_seg segs[256];  // g1 - g0 <= n_steps <= 256
+    for (int32_t k = g0; k < g1; k++) {
+        const struct swarm_span_step * st = &steps[order[k]];
+        segs[k - g0] = (struct mtp_seg) { st->seq_id, st->pos0, st->n_tokens, st->token_ids };
+    }
+    return mtp_feed(s, segs, g1 - g0);
 }
 
 int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step * steps, int32_t n_steps) {
@@ -461,8 +625,16 @@ int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step
         order[j] = k;
     }
     float * embd = malloc(sizeof(float) * (size_t) total * (size_t) s->n_embd);
-    if (!embd) {
+    // the head's pending h of every step's sequence before the batch, restored on failure
+    float * saved = s->mtp_ctx ? malloc(sizeof(float) * (size_t) n_steps * (size_t) s->n_embd) : NULL;
+    if (!embd || (s->mtp_ctx && !saved)) {
+        free(embd);
+        free(saved);
         return SWARM_ERR_DECODE;
+    }
+    for (int32_t k = 0; saved && k < n_steps; k++) {
+        memcpy(saved + (size_t) k * s->n_embd, s->mtp_pending + (size_t) steps[k].seq_id * s->n_embd,
+               sizeof(float) * (size_t) s->n_embd);
     }
     int rc = SWARM_OK;
     for (int32_t g0 = 0; g0 < n_steps && rc == SWARM_OK;) {
@@ -478,10 +650,56 @@ int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step
     free(embd);
     if (rc != SWARM_OK) {
         for (int32_t k = 0; k < n_steps; k++) {
-            llama_memory_seq_rm(s->mem, steps[k].seq_id, steps[k].pos0, -1);
+            undo_step(s, steps[k].seq_id, steps[k].pos0, saved ? saved + (size_t) k * s->n_embd : NULL);
         }
     }
+    free(saved);
     return rc;
+}
+
+int swarm_span_mtp_draft(struct swarm_span * s, int32_t seq_id, int32_t token, float * out, size_t out_cap) {
+    int rc = check_seq(s, seq_id);
+    if (rc != SWARM_OK) {
+        return rc;
+    }
+    if (!s->mtp_ctx || !out || token < 0 || token >= s->n_vocab) {
+        return SWARM_ERR_ARG;
+    }
+    if (out_cap < (size_t) s->n_vocab) {
+        return SWARM_ERR_BUF;
+    }
+    const llama_pos last = llama_memory_seq_pos_max(s->mem, seq_id);
+    if (last < 0) {
+        return SWARM_ERR_POS;  // no position yet: no h to draft from
+    }
+    if (llama_memory_seq_pos_max(s->mtp_mem, seq_id) != last) {
+        return SWARM_ERR_STATE;
+    }
+    s->mtp_tok[0]    = token;
+    s->mtp_pos[0]    = last + 1;
+    s->seq_ids[0]    = seq_id;
+    s->mtp_logits[0] = 1;
+    struct llama_batch b = {
+        .n_tokens = 1,
+        .token    = s->mtp_tok,
+        .embd     = s->mtp_pending + (size_t) seq_id * s->n_embd,
+        .pos      = s->mtp_pos,
+        .n_seq_id = s->n_seq_id,
+        .seq_id   = s->seq_ptrs,
+        .logits   = s->mtp_logits,
+    };
+    rc = llama_decode(s->mtp_ctx, b);
+    if (rc != 0) {
+        llama_memory_seq_rm(s->mtp_mem, seq_id, last + 1, -1);
+        return map_decode_rc(rc);
+    }
+    const float * lg = llama_get_logits_ith(s->mtp_ctx, 0);
+    if (lg) {
+        memcpy(out, lg, sizeof(float) * (size_t) s->n_vocab);
+    }
+    // the draft position is not the sequence's yet: the next step feeds the head its real row
+    llama_memory_seq_rm(s->mtp_mem, seq_id, last + 1, -1);
+    return lg ? SWARM_OK : SWARM_ERR_DECODE;
 }
 
 int swarm_span_truncate(struct swarm_span * s, int32_t seq_id, int32_t pos) {
@@ -492,6 +710,14 @@ int swarm_span_truncate(struct swarm_span * s, int32_t seq_id, int32_t pos) {
     if (pos < 0) {
         return SWARM_ERR_ARG;
     }
+    if (s->mtp_ctx) {
+        // the head keeps h of the last position only: it could not continue from an earlier one
+        if (pos == 0) {
+            clear_seq(s, seq_id);
+            return SWARM_OK;
+        }
+        return pos > llama_memory_seq_pos_max(s->mem, seq_id) ? SWARM_OK : SWARM_ERR_STATE;
+    }
     return llama_memory_seq_rm(s->mem, seq_id, pos, -1) ? SWARM_OK : SWARM_ERR_STATE;
 }
 
@@ -500,7 +726,7 @@ int swarm_span_clear(struct swarm_span * s, int32_t seq_id) {
     if (rc != SWARM_OK) {
         return rc;
     }
-    llama_memory_seq_rm(s->mem, seq_id, -1, -1);
+    clear_seq(s, seq_id);
     return SWARM_OK;
 }
 
@@ -512,11 +738,20 @@ int32_t swarm_span_seq_pos_max(struct swarm_span * s, int32_t seq_id) {
     return llama_memory_seq_pos_max(s->mem, seq_id);
 }
 
+// The frame of an MTP handle's sequence state: magic, u64 span bytes, u64 head bytes, the span's
+// llama.cpp state, the head's, then the pending h row (n_embd float32).
+static const char MTP_MAGIC[8] = { 'S', 'W', 'M', 'T', 'P', '0', '0', '1' };
+#define MTP_FRAME_HEAD (sizeof(MTP_MAGIC) + 2 * sizeof(uint64_t))
+
 size_t swarm_span_state_size(struct swarm_span * s, int32_t seq_id) {
     if (check_seq(s, seq_id) != SWARM_OK) {
         return 0;
     }
-    return llama_state_seq_get_size(s->ctx, seq_id);
+    size_t n = llama_state_seq_get_size(s->ctx, seq_id);
+    if (s->mtp_ctx) {
+        n += MTP_FRAME_HEAD + llama_state_seq_get_size(s->mtp_ctx, seq_id) + sizeof(float) * (size_t) s->n_embd;
+    }
+    return n;
 }
 
 int swarm_span_state_get(struct swarm_span * s, int32_t seq_id, uint8_t * buf, size_t cap, size_t * written) {
@@ -528,14 +763,55 @@ int swarm_span_state_get(struct swarm_span * s, int32_t seq_id, uint8_t * buf, s
         return SWARM_ERR_ARG;
     }
     *written = 0;
-    if (cap < llama_state_seq_get_size(s->ctx, seq_id)) {
+    if (cap < swarm_span_state_size(s, seq_id)) {
         return SWARM_ERR_BUF;
     }
-    size_t n = llama_state_seq_get_data(s->ctx, buf, cap, seq_id);
-    if (n == 0) {
+    if (!s->mtp_ctx) {
+        size_t n = llama_state_seq_get_data(s->ctx, buf, cap, seq_id);
+        if (n == 0) {
+            return SWARM_ERR_STATE;
+        }
+        *written = n;
+        return SWARM_OK;
+    }
+    uint8_t * p = buf + MTP_FRAME_HEAD;
+    const size_t nt = llama_state_seq_get_data(s->ctx, p, cap - MTP_FRAME_HEAD, seq_id);
+    if (nt == 0) {
         return SWARM_ERR_STATE;
     }
-    *written = n;
+    p += nt;
+    const size_t row = sizeof(float) * (size_t) s->n_embd;
+    const size_t nm = llama_state_seq_get_data(s->mtp_ctx, p, cap - MTP_FRAME_HEAD - nt - row, seq_id);
+    if (nm == 0) {
+        return SWARM_ERR_STATE;
+    }
+    memcpy(p + nm, s->mtp_pending + (size_t) seq_id * s->n_embd, row);
+    const uint64_t lens[2] = { nt, nm };
+    memcpy(buf, MTP_MAGIC, sizeof(MTP_MAGIC));
+    memcpy(buf + sizeof(MTP_MAGIC), lens, sizeof(lens));
+    *written = MTP_FRAME_HEAD + nt + nm + row;
+    return SWARM_OK;
+}
+
+// Loads an MTP frame (see swarm_span_state_get) into the empty seq_id of both caches.
+static int mtp_state_set(struct swarm_span * s, int32_t seq_id, const uint8_t * buf, size_t n) {
+    const size_t row = sizeof(float) * (size_t) s->n_embd;
+    uint64_t lens[2];
+    if (n < MTP_FRAME_HEAD + row || memcmp(buf, MTP_MAGIC, sizeof(MTP_MAGIC)) != 0) {
+        return SWARM_ERR_STATE;
+    }
+    memcpy(lens, buf + sizeof(MTP_MAGIC), sizeof(lens));
+    const size_t body = n - MTP_FRAME_HEAD - row;
+    if (lens[0] == 0 || lens[1] == 0 || lens[0] > body || lens[1] != body - lens[0]) {
+        return SWARM_ERR_STATE;
+    }
+    const uint8_t * p = buf + MTP_FRAME_HEAD;
+    if (llama_state_seq_set_data(s->ctx, p, (size_t) lens[0], seq_id) != lens[0] ||
+        llama_state_seq_set_data(s->mtp_ctx, p + lens[0], (size_t) lens[1], seq_id) != lens[1] ||
+        llama_memory_seq_pos_max(s->mem, seq_id) != llama_memory_seq_pos_max(s->mtp_mem, seq_id)) {
+        return SWARM_ERR_STATE;
+    }
+    memcpy(s->mtp_pending + (size_t) seq_id * s->n_embd, p + lens[0] + lens[1], row);
     return SWARM_OK;
 }
 
@@ -547,15 +823,16 @@ int swarm_span_state_set(struct swarm_span * s, int32_t seq_id, const uint8_t * 
     if (!buf || n == 0) {
         return SWARM_ERR_ARG;
     }
-    if (llama_memory_seq_pos_max(s->mem, seq_id) != -1) {
+    if (llama_memory_seq_pos_max(s->mem, seq_id) != -1 ||
+        (s->mtp_ctx && llama_memory_seq_pos_max(s->mtp_mem, seq_id) != -1)) {
         return SWARM_ERR_NOT_EMPTY;
     }
-    size_t used = llama_state_seq_set_data(s->ctx, buf, n, seq_id);
-    if (used != n) {
-        llama_memory_seq_rm(s->mem, seq_id, -1, -1);
-        return SWARM_ERR_STATE;
+    rc = s->mtp_ctx ? mtp_state_set(s, seq_id, buf, n)
+                    : (llama_state_seq_set_data(s->ctx, buf, n, seq_id) == n ? SWARM_OK : SWARM_ERR_STATE);
+    if (rc != SWARM_OK) {
+        clear_seq(s, seq_id);
     }
-    return SWARM_OK;
+    return rc;
 }
 
 int swarm_dequantize_rows(int32_t type, const void * data, size_t row_bytes, int64_t n_rows,

@@ -62,6 +62,11 @@ struct swarm_span_params {
     int32_t      is_last;        // 1: return logits (needs a vocabulary), 0: return hidden states
     int32_t      require_token_ids; // 1: every step must carry token_ids (layers of the span read them,
                                  // e.g. deepseek4's hash-routed MoE layers); 0: token_ids are ignored
+    int32_t      mtp;            // 1: also run the file's multi-token-prediction head (last span only;
+                                 // the file must hold exactly one MTP block: llama.cpp's
+                                 // nextn_predict_layers = 1); every step must then carry token_ids
+                                 // and capture_name/capture_layer name the last block's residual
+                                 // (the head's h input). 0: no head
 };
 
 // One forward step of one sequence.
@@ -80,6 +85,15 @@ struct swarm_span_step {
                                // opened with require_token_ids, ignored otherwise
 };
 
+// The MTP head (swarm_span_params.mtp): a second llama.cpp context on the same model
+// (LLAMA_CONTEXT_TYPE_MTP) with a KV stream per sequence of its own, kept in step with the span's:
+// every step also feeds the head its rows, the token at position p paired with h of p - 1 (h: the
+// last block's residual of p, captured like a non-last span's boundary; the previous step's last h
+// for a step's first row, zeros at p = 0), as llama.cpp's common/speculative.cpp feeds its MTP
+// context. swarm_span_mtp_draft then decodes the next token at pos_max + 1 and removes it again.
+// Both caches hold the same positions after every call; truncate refuses (the head keeps only the
+// last position's h), clear and state export/import cover both (and that h).
+
 // Load the span file and create its context. On success *out owns the handle (free it with
 // swarm_span_close); on failure *out is NULL. Errors: ARG, LOAD, CONTEXT.
 int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out);
@@ -95,7 +109,9 @@ int32_t swarm_span_n_ctx  (const struct swarm_span * s);  // KV cells in all, af
 int32_t swarm_span_n_ctx_seq(const struct swarm_span * s); // KV cells of one sequence's stream: the most
                                                            // positions one sequence can hold
 
-// Run one step. Atomic per sequence: on any error the sequence's KV is as before the call.
+// Run one step. Atomic per sequence: on any error the sequence's KV is as before the call, or empty
+// where llama.cpp cannot drop the step's positions again (deepseek4's compressed cache after a step
+// that failed past its first n_batch chunk): never half-advanced.
 // Steps longer than n_batch are decoded in n_batch chunks. Errors: ARG, SEQ, POS, KV_FULL,
 // DECODE, CAPTURE, BUF.
 int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * step);
@@ -107,12 +123,22 @@ int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * ste
 // consecutive seq_ids with equal n_tokens (at most n_ubatch rows) is one llama_decode call and one
 // ubatch: llama.cpp batches only consecutive KV streams together, so a batch of seq ids {0, 1, 2, 5}
 // costs two ubatches. Atomic for the whole batch: on any error every step's sequence is as before
-// the call. Results per sequence equal a solo step only where llama.cpp's kernels do not depend on
-// the ubatch's row count (see tests/parity/test_executor_sessions.py). Errors: ARG (also duplicate
-// seq_id, too many tokens), SEQ, POS, KV_FULL, DECODE, CAPTURE, BUF.
+// the call (or empty, as for swarm_span_execute). Results per sequence equal a solo step only where
+// llama.cpp's kernels do not depend on the ubatch's row count (see
+// tests/parity/test_executor_sessions.py). Errors: ARG (also duplicate seq_id, too many tokens),
+// SEQ, POS, KV_FULL, DECODE, CAPTURE, BUF.
 int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step * steps, int32_t n_steps);
 
-// Drop positions >= pos of seq_id (pos >= 0). Errors: ARG, SEQ, STATE.
+// MTP draft logits [n_vocab] for `token` at position pos_max(seq_id) + 1: the logits the head gives
+// for the token after it. The sequence is unchanged afterwards (the head's KV entry for the
+// position is removed again). Needs a handle opened with mtp = 1 and a sequence holding at least
+// one position, and one free KV cell past it. Errors: ARG (no head, bad token, NULL out), SEQ, POS
+// (empty sequence), BUF (out_cap < n_vocab), KV_FULL, DECODE, STATE (the head's cache is not in
+// step with the span's).
+int swarm_span_mtp_draft(struct swarm_span * s, int32_t seq_id, int32_t token, float * out, size_t out_cap);
+
+// Drop positions >= pos of seq_id (pos >= 0). With an MTP head only pos = 0 (clear) or
+// pos > pos_max (nothing to drop) are accepted, else STATE. Errors: ARG, SEQ, STATE.
 int swarm_span_truncate(struct swarm_span * s, int32_t seq_id, int32_t pos);
 
 // Drop every position of seq_id. Errors: ARG, SEQ.
@@ -121,7 +147,9 @@ int swarm_span_clear(struct swarm_span * s, int32_t seq_id);
 // Largest position held by seq_id, or -1 when empty; SWARM_ERR_SEQ / SWARM_ERR_ARG (< -1) on error.
 int32_t swarm_span_seq_pos_max(struct swarm_span * s, int32_t seq_id);
 
-// Bytes needed to export seq_id's state (0 on a bad handle or seq_id).
+// Bytes needed to export seq_id's state (0 on a bad handle or seq_id). With an MTP head the bytes
+// are a frame ("SWMTP001", u64 span bytes, u64 head bytes, both llama.cpp states, then the last
+// h row: n_embd float32) that only an MTP handle on the same span file imports.
 size_t swarm_span_state_size(struct swarm_span * s, int32_t seq_id);
 
 // Copy seq_id's KV state into buf (caller-owned, cap bytes); *written gets the byte count.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build csrc/swarm_span.c into swarm/ggml_bridge/libswarm_span.so against the llama.cpp that
 # llama-cpp-python installed (its headers in site-packages/include, its libraries in
-# site-packages/llama_cpp/lib), with an rpath so the process loads one llama.cpp/ggml.
+# site-packages/llama_cpp/lib), with an rpath so the process loads one llama.cpp/ggml; and the
+# test-only csrc/mtp_oracle.c (whole-model MTP reference) into tests/helpers/libswarm_mtp_oracle.so.
 # Usage: scripts/build_csrc.sh [python]   (default: .venv/bin/python, else python3)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -26,3 +27,10 @@ ${CC:-gcc} -O2 -std=c11 -Wall -Wextra -Werror -shared -fPIC \
     -L"$lib" -lllama -lggml-base -lggml -Wl,-rpath,"$lib"
 mv -f "$tmp" "$out"
 echo "$out"
+oracle="$root/tests/helpers/libswarm_mtp_oracle.so"
+tmp="$oracle.tmp.$$"
+${CC:-gcc} -O2 -std=c11 -Wall -Wextra -Werror -shared -fPIC \
+    -I"$inc" "$root/csrc/mtp_oracle.c" -o "$tmp" \
+    -L"$lib" -lllama -lggml-base -lggml -Wl,-rpath,"$lib"
+mv -f "$tmp" "$oracle"
+echo "$oracle"

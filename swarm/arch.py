@@ -157,10 +157,15 @@ class ArchRow:
             them explicitly.
         leading_count_keys: scalar keys counting the model's first layers of a kind (e.g. leading
             dense blocks before the MoE ones): a span [a, b) stores `clamp(v - a, 0, b - a)`.
-        mtp_layers_key: None, or the key counting multi-token-prediction blocks that llama.cpp
-            stores after the last layer and counts in `<arch>.block_count`: slicing refuses a GGUF
-            where it is > 0 (the manifest and routes would take those blocks for layers), and
-            never writes it into a span.
+        mtp_head: the model's multi-token-prediction (MTP) blocks, which llama.cpp stores after the
+            last layer and counts in `<arch>.block_count` (`MTP_LAYERS_KEY` of them, read for
+            every architecture), are served: the final span's file keeps them (renumbered after
+            its layers) and its executor runs them beside the span (csrc/swarm_span.h,
+            `SpanExecutor.mtp_draft`); other spans drop them. False: slicing refuses a GGUF that
+            has MTP blocks, giving `mtp_refusal` as the reason.
+        mtp_refusal: why a row whose llama.cpp model has an MTP graph does not serve it (yet).
+        mtp_zero_keys: per-layer key suffixes whose MTP-block entries must be 0, because llama.cpp
+            asserts it while building the head's graph (a file breaking it would abort the peer).
         default_keys: `(key suffix, uint)` written into a span when the source lacks the key,
             because llama.cpp requires it for some block counts and not others.
         refused_span_lengths: span lengths (blocks) llama.cpp would mistake for another model
@@ -197,7 +202,9 @@ class ArchRow:
     rope_neox: bool = False
     derived_layer_keys: tuple[SwaPattern | LayerTable, ...] = ()
     leading_count_keys: tuple[str, ...] = ()
-    mtp_layers_key: str | None = None
+    mtp_head: bool = False
+    mtp_refusal: str = ""
+    mtp_zero_keys: tuple[str, ...] = ()
     default_keys: tuple[tuple[str, int], ...] = ()
     refused_span_lengths: tuple[int, ...] = ()
     span_length_reason: str = ""
@@ -258,7 +265,15 @@ _GLM_INDEXER = LayerTable(
 )
 
 _DENSE_LEAD = ("leading_dense_block_count",)
-_MTP = "nextn_predict_layers"
+# llama.cpp's LLM_KV_NEXTN_PREDICT_LAYERS: read for every architecture (llama-model.cpp load_hparams)
+MTP_LAYERS_KEY = "nextn_predict_layers"
+# What serving another row's MTP head needs (not built): its head reads h after the output norm
+# (llama.cpp's `h_nextn`), which the last layer computes for every row only in the unmasked nextn
+# mode of the staging API (`llama_set_embeddings_nextn`, C++ linkage), and a synthetic MTP model
+# of the row to prove the head exact against the whole model
+_MTP_NOT_BUILT = ("serving its MTP head is not built: the head reads the last layer's normed output "
+                  "for every row (llama.cpp's unmasked h_nextn), which the span executor does not "
+                  "capture, and no parity test covers it")
 
 # DeepSeek-V4: the residual stream is `hyper_connection.count` (4) copies of n_embd per token
 # (llama.cpp builds [n_embd, hc, n_tokens] from the embedding with ggml_repeat), the first
@@ -284,13 +299,13 @@ _ROWS: dict[str, ArchRow] = {
         # llama.cpp guesses a "lite" DeepSeek-V2 from the block count (26 or 27 layers, or 48 with a
         # 128,256 vocabulary) and then skips q_lora_rank: a lite model's span of another length
         # needs q_lora_rank = 0 written, and a full model's span of those lengths would load as lite
-        ArchRow(name="deepseek2", leading_count_keys=_DENSE_LEAD, mtp_layers_key=_MTP,
+        ArchRow(name="deepseek2", leading_count_keys=_DENSE_LEAD, mtp_refusal=_MTP_NOT_BUILT,
                 default_keys=(("attention.q_lora_rank", 0),),
                 refused_span_lengths=(26, 27, 48),
                 span_length_reason="llama.cpp takes a deepseek2 file of 26, 27 or 48 blocks for a "
                                    "'lite' model and ignores its q_lora_rank, so the span would not load"),
         # DSA: as deepseek2, plus per-layer indexer tensors and an indexer key cache per layer.
-        ArchRow(name="glm-dsa", leading_count_keys=_DENSE_LEAD, mtp_layers_key=_MTP,
+        ArchRow(name="glm-dsa", leading_count_keys=_DENSE_LEAD, mtp_refusal=_MTP_NOT_BUILT,
                 derived_layer_keys=(_GLM_INDEXER,),
                 cut_constraint=CutConstraint(
                     key_suffix="attention.indexer.types",
@@ -298,17 +313,20 @@ _ROWS: dict[str, ArchRow] = {
                            "the previous full-indexer layer inside the same graph; a span starting at "
                            "it would have none (measured: llama.cpp aborts), so spans start only at "
                            "full-indexer layers")),
-        ArchRow(name="qwen35", rope_neox=True, state_kind="hybrid", mtp_layers_key=_MTP,
+        ArchRow(name="qwen35", rope_neox=True, state_kind="hybrid", mtp_refusal=_MTP_NOT_BUILT,
                 derived_layer_keys=(_RECURRENT_PATTERN,), mixed_span=_HYBRID_MIXED,
                 pos_per_token=4),
-        ArchRow(name="qwen35moe", rope_neox=True, state_kind="hybrid", mtp_layers_key=_MTP,
+        ArchRow(name="qwen35moe", rope_neox=True, state_kind="hybrid", mtp_refusal=_MTP_NOT_BUILT,
                 derived_layer_keys=(_RECURRENT_PATTERN,), mixed_span=_HYBRID_MIXED,
                 pos_per_token=4),
         ArchRow(
             name="deepseek4",
             capture_name="l_last",
             leading_count_keys=("hash_layer_count",),
-            mtp_layers_key=_MTP,
+            # the head reads the last layer's hyper-connection state l_last (captured like a
+            # boundary) and is window-only: llama.cpp asserts a compress ratio of 0 for it
+            mtp_head=True,
+            mtp_zero_keys=("attention.compress_ratios",),
             boundary_width=4,
             residual_input=True,
             state_kind="compressed",

@@ -10,7 +10,8 @@ sessions and artifacts.
 Canonical serialization: JSON with sorted keys, no whitespace, ASCII only (a subset of RFC 8785
 sufficient here because every value is a string, an integer, a bool, a finite float or a list).
 
-This module reads local files only; it does not fetch anything.
+This module reads local files only; it does not fetch anything. It stays one file past the house's
+~400 lines: the manifest's fields, their bounds and the reading of a GGUF into them are one schema.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from gguf import GGUFReader, GGUFValueType
 
+from swarm.arch import MTP_LAYERS_KEY, arch_row
 from swarm.errors import ModelError, ProtocolError
 from swarm.ggml_bridge.gguf_header import scan
 from swarm.limits import MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB
@@ -78,7 +80,8 @@ class Manifest:
 
     Attributes:
         arch: `general.architecture`.
-        n_layers, n_embd, n_vocab: block count, hidden size, vocabulary size.
+        n_layers, n_embd, n_vocab: layers (the block count less the multi-token-prediction blocks,
+            `n_mtp_layers`), hidden size, vocabulary size.
         hparams: scalar and short-array metadata (`general.*` and `<arch>.*`), JSON-able values.
         tokenizer_sha256: digest of every `tokenizer.*` key and value (vocab, merges, chat template).
         header_sha256: digest of file bytes [0, data_offset): GGUF header, metadata and tensor infos.
@@ -145,6 +148,34 @@ class Manifest:
             raise ProtocolError("manifest is not in canonical form")
         return manifest
 
+    @property
+    def n_mtp_layers(self) -> int:
+        """Multi-token-prediction blocks stored after the layers (`<arch>.nextn_predict_layers`, 0
+        when absent): tensors `blk.N.*` with n_layers <= N < n_layers + n_mtp_layers
+        (`mtp_tensors`). `check_manifest` has checked the value."""
+        return self.hparams.get(f"{self.arch}.{MTP_LAYERS_KEY}", 0)
+
+    def mtp_tensors(self) -> tuple[TensorInfo, ...]:
+        """Tensors of the multi-token-prediction blocks, in file order (empty without them)."""
+        return self.layer_tensors(self.n_layers, self.n_layers + self.n_mtp_layers)
+
+    def mtp_head_tensors(self) -> tuple[TensorInfo, ...]:
+        """Tensors the final span's multi-token-prediction head needs besides the span's own: the MTP
+        blocks and `token_embd` when a block has no `nextn.embed_tokens` of its own (llama.cpp's head
+        embeds its tokens with it). Empty for a model without MTP blocks or whose architecture's row
+        does not serve them (`ArchRow.mtp_head`; slicing refuses such a model).
+
+        Raises:
+            UnsupportedArchitecture: the model has MTP blocks and its architecture no row.
+        """
+        if self.n_mtp_layers == 0 or not arch_row(self.arch).mtp_head:
+            return ()
+        blocks = self.mtp_tensors()
+        own = {t.layer for t in blocks if t.name.endswith(".nextn.embed_tokens.weight")}
+        if len(own) < self.n_mtp_layers and self.has_tensor("token_embd.weight"):
+            blocks = (*blocks, self.tensor("token_embd.weight"))
+        return blocks
+
     def tensor(self, name: str) -> TensorInfo:
         """The tensor called `name`. Raises KeyError if absent."""
         for t in self.tensors:
@@ -157,7 +188,8 @@ class Manifest:
         return any(t.name == name for t in self.tensors)
 
     def layer_tensors(self, start: int, end: int) -> tuple[TensorInfo, ...]:
-        """Tensors of blocks [start, end), global half-open indices, in file order."""
+        """Tensors of blocks [start, end), global half-open indices, in file order (MTP blocks are
+        blocks n_layers..)."""
         return tuple(t for t in self.tensors if t.layer is not None and start <= t.layer < end)
 
 
@@ -168,7 +200,8 @@ def check_manifest(m: Manifest) -> None:
     limits.MAX_HIDDEN; 0 <= n_vocab <= limits.MAX_VOCAB; `<arch>.context_length`, when present, an
     integer >= 1; digests 64 lowercase hex; 0 <= data_offset <= file_size <= MAX_FILE_BYTES; each
     tensor named once (1..MAX_TENSOR_NAME_CHARS chars), 1..MAX_TENSOR_DIMS dims, its bytes inside
-    [data_offset, file_size), its layer the N of a `blk.N.` name (< n_layers), else None.
+    [data_offset, file_size), its layer the N of a `blk.N.` name (< n_layers + the integer
+    `<arch>.nextn_predict_layers` in [0, MAX_LAYERS], 0 when absent), else None.
 
     Raises:
         ValueError: the first violated bound (TypeError for a wrong type).
@@ -183,6 +216,9 @@ def check_manifest(m: Manifest) -> None:
     ctx_key = f"{m.arch}.context_length"
     if ctx_key in m.hparams:
         _check_int(ctx_key, m.hparams[ctx_key], 1, 2**63 - 1)
+    mtp_key = f"{m.arch}.{MTP_LAYERS_KEY}"
+    n_mtp = m.hparams.get(mtp_key, 0)
+    _check_int(mtp_key, n_mtp, 0, MAX_LAYERS)
     for name in ("tokenizer_sha256", "header_sha256"):
         if not isinstance(getattr(m, name), str) or not _HEX64.fullmatch(getattr(m, name)):
             raise ValueError(f"{name} must be 64 lowercase hex chars")
@@ -205,8 +241,9 @@ def check_manifest(m: Manifest) -> None:
         if not isinstance(t.sha256, str) or not _HEX64.fullmatch(t.sha256):
             raise ValueError(f"tensor {t.name!r} sha256 must be 64 lowercase hex chars")
         want = int(g.group(1)) if (g := _LAYER_RE.match(t.name)) else None
-        if want is not None and not want < m.n_layers or t.layer != want or isinstance(t.layer, bool):
-            raise ValueError(f"tensor {t.name!r} has layer {t.layer!r}, expected {want!r} < n_layers")
+        if want is not None and not want < m.n_layers + n_mtp or t.layer != want or isinstance(t.layer, bool):
+            raise ValueError(f"tensor {t.name!r} has layer {t.layer!r}, expected {want!r} < n_layers "
+                             f"(+ {n_mtp} MTP blocks)")
 
 
 def _check_int(name: str, v: object, lo: int, hi: int) -> None:
@@ -297,7 +334,9 @@ def _read_manifest(path: Path) -> Manifest:
     if not isinstance(arch, str):
         raise ModelError(f"{path}: no general.architecture in GGUF metadata")
     try:
-        n_layers = _metadata_int(fields[f"{arch}.block_count"])
+        # llama.cpp counts the multi-token-prediction blocks in block_count: the layers are the rest
+        n_layers = _metadata_int(fields[f"{arch}.block_count"]) - _metadata_int(
+            fields.get(f"{arch}.{MTP_LAYERS_KEY}", 0))
         n_embd = _metadata_int(fields[f"{arch}.embedding_length"])
     except KeyError as e:
         raise ModelError(f"{path}: missing metadata key {e.args[0]}") from e

@@ -180,11 +180,13 @@ async def find_seeders(dht: SwarmDHT, model_id: str) -> list[SeederRecord]:
 
 
 def span_ranges(manifest: Manifest, start: int, end: int) -> list[ByteRange]:
-    """Bytes a peer serving [start, end) needs: header, the span's blocks, and the head on the last span.
+    """Bytes a peer serving [start, end) needs: header, the span's blocks, and the head on the last span
+    (with the multi-token-prediction head where its row serves one: `Manifest.mtp_head_tensors`).
 
     `output_norm` is fetched on every span: the span builder copies it (2-4 KB) into each span file.
     """
-    ranges = span_byte_ranges(manifest, start, end, need_embd=False, need_head=end == manifest.n_layers)
+    last = end == manifest.n_layers
+    ranges = span_byte_ranges(manifest, start, end, need_embd=False, need_head=last, need_mtp=last)
     norm = manifest.tensor("output_norm.weight")
     return merge_ranges([*ranges, (norm.offset, norm.nbytes)])
 

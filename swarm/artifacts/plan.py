@@ -26,7 +26,7 @@ ByteRange = tuple[int, int]
 
 
 def span_tensors(
-    manifest: Manifest, start: int, end: int, *, need_embd: bool, need_head: bool
+    manifest: Manifest, start: int, end: int, *, need_embd: bool, need_head: bool, need_mtp: bool = False
 ) -> tuple[TensorInfo, ...]:
     """Tensors a peer serving blocks [start, end) needs, in file order.
 
@@ -40,6 +40,8 @@ def span_tensors(
         need_embd: include `token_embd` (the span embeds token ids itself).
         need_head: include `output_norm` and `output` (and `output.bias` if any), or `token_embd` for
             a tied head.
+        need_mtp: include `Manifest.mtp_head_tensors` (the final span of a model whose MTP head is
+            served).
     Returns:
         the tensors, deduplicated, sorted by offset.
     Raises:
@@ -61,13 +63,15 @@ def span_tensors(
         raise ArtifactError(f"model {manifest.model_id[:16]}... has no tensor(s) {', '.join(missing)}")
     chosen = {t.name: t for t in manifest.layer_tensors(start, end)}
     chosen.update({n: manifest.tensor(n) for n in names})
+    if need_mtp:
+        chosen.update({t.name: t for t in manifest.mtp_head_tensors()})
     if not any(t.layer is not None for t in chosen.values()):
         raise ArtifactError(f"model {manifest.model_id[:16]}... lists no tensors for layers [{start}, {end})")
     return tuple(sorted(chosen.values(), key=lambda t: t.offset))
 
 
 def span_byte_ranges(
-    manifest: Manifest, start: int, end: int, *, need_embd: bool, need_head: bool
+    manifest: Manifest, start: int, end: int, *, need_embd: bool, need_head: bool, need_mtp: bool = False
 ) -> list[ByteRange]:
     """Byte ranges of the header [0, data_offset) plus the span's tensors, merged where adjacent.
 
@@ -75,7 +79,7 @@ def span_byte_ranges(
     Returns:
         sorted, non-overlapping (offset, length) ranges.
     """
-    tensors = span_tensors(manifest, start, end, need_embd=need_embd, need_head=need_head)
+    tensors = span_tensors(manifest, start, end, need_embd=need_embd, need_head=need_head, need_mtp=need_mtp)
     ranges = [(0, manifest.data_offset)] + [(t.offset, t.nbytes) for t in tensors if t.nbytes > 0]
     return merge_ranges(ranges)
 

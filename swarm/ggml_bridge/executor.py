@@ -5,13 +5,21 @@ Every sequence (session) is a llama.cpp sequence id with a KV stream of its own:
 `n_ctx_tokens` cells are split evenly, `n_ctx_seq_tokens` per sequence, so a sequence's results do
 not depend on what the other sequences hold, and no sequence holds more than `n_ctx_seq_tokens`.
 Inputs are checked here (shapes, dtypes, finiteness, ids) and C status codes become
-`ExecutorError`; a refused call leaves every sequence as it was, and the executor keeps serving.
+`ExecutorError`; a refused call leaves every sequence as it was (a failed deepseek4 step may empty
+its sequence: `forward`), and the executor keeps serving.
 
 Threading: ctypes releases the GIL during each C call, but one executor must be driven from one
 thread at a time (the peer runs one executor thread per span). Different executors may run on
 different threads.
 
+A final span whose file holds multi-token-prediction blocks (`slicing.span_has_mtp`) also runs the
+model's MTP head: every step feeds it too (so steps carry token ids), and `mtp_draft` gives the
+head's logits for the token after the one a caller is about to feed, for speculative decoding.
+
 This module does not decide session policy (admission, eviction, ids): see `swarm.kv.sessions`.
+It stays one file past the house's ~400 lines: it is the one typed wrapper of one C handle, whose
+every call checks its input and maps the C statuses the same way; the MTP head's calls are calls of
+that handle.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import numpy as np
 from swarm.arch import arch_row
 from swarm.errors import ExecutorError
 from swarm.ggml_bridge import _lib
-from swarm.ggml_bridge.slicing import build_span, read_span_layers, span_reads_token_ids
+from swarm.ggml_bridge.slicing import build_span, read_span_layers, span_has_mtp, span_reads_token_ids
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,9 @@ class ExecutorConfig:
             must use the same setting (llama-cpp-python: `Llama(flash_attn=True)`).
         require_token_ids: every step must carry its rows' token ids (the span holds layers that
             read them: the arch row's `token_ids` sideband, e.g. deepseek4's hash-routed layers).
+        mtp: last span only: also run the file's multi-token-prediction head (one MTP block, kept in
+            the final span's file by slicing); steps must then carry token ids, and capture_name /
+            capture_layer name the last block's residual, which the head reads.
     """
 
     n_ctx_tokens: int
@@ -61,6 +72,7 @@ class ExecutorConfig:
     n_ubatch: int = 512
     flash_attn: bool = True
     require_token_ids: bool = False
+    mtp: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,7 @@ class SpanExecutor:
             capture_layer=config.capture_layer,
             is_last=1 if config.is_last else 0,
             require_token_ids=1 if config.require_token_ids else 0,
+            mtp=1 if config.mtp else 0,
         )
         handle = ctypes.c_void_p()
         rc = self._so.swarm_span_open(ctypes.byref(params), ctypes.byref(handle))
@@ -125,7 +138,8 @@ class SpanExecutor:
                  n_batch: int = 512, flash_attn: bool = True) -> SpanExecutor:
         """Build (or reuse) the span file for global layers [start, end) and open it.
 
-        The capture tensor comes from the architecture's row; the span is last iff end == n_layers.
+        The capture tensor comes from the architecture's row; the span is last iff end == n_layers, and
+        a last span whose file keeps the model's MTP blocks runs the MTP head too.
 
         Raises:
             ValueError: start/end outside the model; UnsupportedArchitecture; ModelError; ExecutorError.
@@ -133,11 +147,13 @@ class SpanExecutor:
         arch, n_layers = read_span_layers(model_path)
         row = arch_row(arch)
         span = build_span(model_path, start, end, cache_dir=cache_dir, model_id=model_id)
+        is_last = end == n_layers
         config = ExecutorConfig(n_ctx_tokens=n_ctx_tokens, n_seq_max=n_seq_max, n_threads=n_threads,
-                                is_last=end == n_layers, capture_name=row.capture_name,
+                                is_last=is_last, capture_name=row.capture_name,
                                 capture_layer=end - start - 1, n_batch=n_batch,
                                 n_ubatch=n_batch, flash_attn=flash_attn,
-                                require_token_ids=span_reads_token_ids(span))
+                                require_token_ids=span_reads_token_ids(span),
+                                mtp=is_last and span_has_mtp(span))
         return cls(span, config)
 
     @property
@@ -148,8 +164,14 @@ class SpanExecutor:
 
     @property
     def needs_token_ids(self) -> bool:
-        """Every step must carry its rows' token ids (`BatchStep.token_ids`)."""
-        return self._config.require_token_ids
+        """Every step must carry its rows' token ids (`BatchStep.token_ids`): the span's layers or
+        its MTP head read them."""
+        return self._config.require_token_ids or self._config.mtp
+
+    @property
+    def has_mtp(self) -> bool:
+        """The span runs the model's multi-token-prediction head (`mtp_draft`)."""
+        return self._config.mtp
 
     @property
     def n_vocab(self) -> int:
@@ -203,7 +225,9 @@ class SpanExecutor:
             last span: [1, n_vocab] float32 logits of the last row, or [n, n_vocab] with all_logits.
         Raises:
             ExecutorError: bad shape/dtype/values, unknown seq id, non-contiguous position, KV cache
-                full, llama.cpp failure. The sequence is unchanged after any error.
+                full, llama.cpp failure. The sequence is unchanged after any error, or empty where
+                llama.cpp cannot drop the step's positions again (deepseek4's compressed cache, after
+                a step that failed past its first n_batch rows).
         """
         out, step, _x, _ids = self._prepare(BatchStep(seq_id, pos0, hidden, all_logits, token_ids))
         rc = self._so.swarm_span_execute(self._handle(), ctypes.byref(step))
@@ -225,7 +249,8 @@ class SpanExecutor:
             One array per step, in order, shaped as `forward` returns it for that step alone.
         Raises:
             ExecutorError: bad input (as `forward`), a repeated seq id, too many rows, or a failure
-                of llama.cpp; every sequence of the batch is unchanged after any error.
+                of llama.cpp; every sequence of the batch is unchanged after any error (or empty, as
+                for `forward`).
         """
         if not 1 <= len(steps) <= self._config.n_seq_max:
             raise ExecutorError(f"a batch holds 1..{self._config.n_seq_max} steps, got {len(steps)}")
@@ -273,11 +298,43 @@ class SpanExecutor:
         what = f"batch of {batch} steps ({n} tokens)" if batch > 1 else f"forward of {n} tokens at {pos0}"
         return ExecutorError(f"sequence {seq_id}: {what} failed: {self._status(rc)}")
 
+    def mtp_draft(self, seq_id: int, token: int) -> np.ndarray:
+        """The MTP head's logits for the token after `token`, where `token` is the one the caller
+        feeds next (at position pos_max + 1): argmax is the head's greedy draft. The head reads h of
+        pos_max (the last block's residual) and its own cache of the sequence; it is left as it was
+        (the next step feeds the head its real row), so a draft may be asked again or not at all.
+
+        Args:
+            seq_id: a sequence holding at least one position.
+            token: int in [0, n_vocab).
+        Returns:
+            [n_vocab] float32 logits.
+        Raises:
+            ExecutorError: no MTP head, unknown seq id, empty sequence, token out of range, no KV
+                cell left for the draft position, llama.cpp failure.
+        """
+        h = self._handle()
+        self._check_seq(seq_id)
+        if not self.has_mtp:
+            raise ExecutorError("this span runs no multi-token-prediction head")
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or \
+                not 0 <= token < self._n_vocab:
+            raise ExecutorError(f"token must be an int in [0, {self._n_vocab}), got {token!r:.40}")
+        if self.pos_max(seq_id) < 0:
+            raise ExecutorError(f"sequence {seq_id} is empty: the MTP head drafts after a position")
+        out = np.empty(self._n_vocab, dtype=np.float32)
+        rc = self._so.swarm_span_mtp_draft(h, seq_id, int(token),
+                                           out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size)
+        self._call(rc, f"MTP draft of sequence {seq_id}")
+        return out
+
     def truncate(self, seq_id: int, pos: int) -> None:
         """Drop positions >= pos of `seq_id` (rollback); pos_max becomes min(pos_max, pos - 1).
+        A span with an MTP head refuses to drop a position unless pos is 0 (the head keeps h of the
+        last position only).
 
         Raises:
-            ExecutorError: unknown seq id, negative pos.
+            ExecutorError: unknown seq id, negative pos, a rollback the span's cache or head cannot do.
         """
         self._check_seq(seq_id)
         rc = self._so.swarm_span_truncate(self._handle(), seq_id, int(pos))
@@ -302,7 +359,8 @@ class SpanExecutor:
         return int(self._so.swarm_span_seq_pos_max(self._handle(), seq_id))
 
     def export_seq(self, seq_id: int) -> bytes:
-        """The KV state of `seq_id` as opaque bytes (llama.cpp's sequence state format).
+        """The KV state of `seq_id` as opaque bytes (llama.cpp's sequence state format; with an MTP
+        head, a frame holding the span's and the head's states and the head's last h).
 
         Raises:
             ExecutorError: unknown seq id, llama.cpp failed.

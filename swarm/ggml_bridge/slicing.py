@@ -7,6 +7,13 @@ vocabulary and a one-row dummy `token_embd`, so llama.cpp does not compute a ful
 peer. Spans take hidden states as input (the client embeds tokens), so no span needs the real
 embedding table except a final span whose head is tied to it.
 
+Multi-token-prediction (MTP) blocks: llama.cpp stores them after the last layer and counts them in
+`<arch>.block_count` (`<arch>.nextn_predict_layers` of them), so a model has block_count - nextn
+layers (`read_span_layers`). Where the row serves the head (`ArchRow.mtp_head`) the final span's
+file keeps them, renumbered after its own blocks, with the key and their entries of per-layer arrays
+(and `token_embd`, which the head embeds its tokens with, when the block has no
+`nextn.embed_tokens`); other spans drop them. Other rows refuse such a GGUF.
+
 Reading goes through `gguf.GGUFReader`, which memory-maps the source: only the header and the
 byte ranges of the copied tensors are read, so a sparse, partially downloaded copy of the GGUF
 works as long as the span's tensors are present.
@@ -27,7 +34,7 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.gguf_reader import ReaderField
 
-from swarm.arch import ArchRow, LayerTable, SwaPattern, arch_row
+from swarm.arch import MTP_LAYERS_KEY, ArchRow, LayerTable, SwaPattern, arch_row
 from swarm.errors import ModelError
 from swarm import span_rules
 from swarm.ggml_bridge.gguf_header import GGUFHeader, scan
@@ -65,17 +72,39 @@ def file_identity(model_path: Path) -> str:
 
 
 def read_span_layers(model_path: Path) -> tuple[str, int]:
-    """Architecture name and block count of a GGUF (whole model or span file); reads the header only.
+    """Architecture name and layer count of a GGUF (whole model or span file): its block count less
+    its multi-token-prediction blocks (`mtp_layers`); reads the header only.
 
     Raises:
-        ModelError: unreadable file or missing `general.architecture` / `<arch>.block_count`.
+        ModelError: unreadable file, missing `general.architecture` / `<arch>.block_count`, or an
+            MTP count that leaves no layer.
     """
+    arch, n_layers, _ = _layer_counts(model_path)
+    return arch, n_layers
+
+
+def mtp_layers(model_path: Path) -> int:
+    """Multi-token-prediction blocks of a GGUF (`<arch>.nextn_predict_layers`, 0 when absent), stored
+    after its layers; a span file holds them only when it is a model's final span serving the head.
+
+    Raises:
+        ModelError: as `read_span_layers`.
+    """
+    return _layer_counts(model_path)[2]
+
+
+def _layer_counts(model_path: Path) -> tuple[str, int, int]:
+    """(arch, layers, MTP blocks) from the header; block_count = layers + MTP blocks."""
     scalars = scan(model_path).scalars
     arch = scalars.get("general.architecture")
-    n_layers = scalars.get(f"{arch}.block_count")
-    if not isinstance(arch, str) or not isinstance(n_layers, int):
+    n_blocks = scalars.get(f"{arch}.block_count")
+    if not isinstance(arch, str) or not isinstance(n_blocks, int):
         raise ModelError(f"{model_path}: GGUF metadata lacks general.architecture or <arch>.block_count")
-    return arch, n_layers
+    n_mtp = scalars.get(f"{arch}.{MTP_LAYERS_KEY}", 0)
+    if not isinstance(n_mtp, int) or isinstance(n_mtp, bool) or not 0 <= n_mtp < n_blocks:
+        raise ModelError(f"{model_path}: {arch}.{MTP_LAYERS_KEY} = {n_mtp!r} does not leave a layer of "
+                         f"{arch}.block_count = {n_blocks}")
+    return arch, n_blocks - n_mtp, n_mtp
 
 
 def legal_starts(model_path: Path) -> list[int]:
@@ -127,6 +156,7 @@ def build_span(model_path: Path, start: int, end: int, cache_dir: Path | None = 
     if dest.exists():
         return dest
     reader = _open(model_path)
+    n_mtp = mtp_layers(model_path)
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".part", dir=out_dir)
     os.close(fd)
@@ -135,8 +165,9 @@ def build_span(model_path: Path, start: int, end: int, cache_dir: Path | None = 
         writer = GGUFWriter(tmp, arch)
         is_last = end == n_layers
         meta = arch_metadata(scan(model_path), arch)
-        _copy_metadata(reader, writer, row, start, end, n_layers, is_last, meta)
-        _copy_tensors(reader, writer, start, end, is_last, row.residual_input)
+        keep_mtp = n_mtp if is_last else 0  # only the final span serves the head (_refuse_span)
+        _copy_metadata(reader, writer, row, start, end, n_layers, keep_mtp, is_last, meta)
+        _copy_tensors(reader, writer, start, end, n_layers, keep_mtp, is_last, row.residual_input)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -152,17 +183,22 @@ def _refuse_span(model_path: Path, row: ArchRow, start: int, end: int, n_layers:
 
     Raises:
         ValueError: the span breaks the row's cut constraint, refused lengths or mixed-span rule.
-        ModelError: the GGUF carries multi-token-prediction blocks.
+        ModelError: the GGUF carries multi-token-prediction blocks its row does not serve.
     """
     arch = row.name
     header = scan(model_path)
-    scalars = header.scalars
-    if row.mtp_layers_key is not None and scalars.get(f"{arch}.{row.mtp_layers_key}", 0):
-        # llama.cpp counts multi-token-prediction blocks in <arch>.block_count (stored after the last
-        # layer); the manifest and routes would take them for layers
-        raise ModelError(f"{model_path}: the GGUF carries multi-token-prediction blocks "
-                         f"({arch}.{row.mtp_layers_key} > 0); serve a trunk-only conversion")
-    why = span_rules.span_refusal(row, arch_metadata(header, arch), start, end, n_layers)
+    n_mtp = mtp_layers(model_path)
+    if n_mtp and not row.mtp_head:
+        why = row.mtp_refusal or f"llama.cpp has no MTP head for {arch}"
+        raise ModelError(f"{model_path}: the GGUF carries {n_mtp} multi-token-prediction block(s) "
+                         f"({arch}.{MTP_LAYERS_KEY}); {why}; serve a trunk-only conversion")
+    meta = arch_metadata(header, arch)
+    for suffix in row.mtp_zero_keys if n_mtp else ():
+        values = meta.get(f"{arch}.{suffix}")
+        if isinstance(values, list) and any(values[n_layers:]):
+            raise ModelError(f"{model_path}: {arch}.{suffix} is {values[n_layers:]} for the "
+                             f"multi-token-prediction block(s); llama.cpp builds their graph only for 0")
+    why = span_rules.span_refusal(row, meta, start, end, n_layers)
     if why is not None:
         raise ValueError(why)
 
@@ -175,12 +211,16 @@ def _open(path: Path) -> GGUFReader:
 
 
 def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: int, end: int,
-                   n_layers: int, is_last: bool, meta: dict[str, Any]) -> None:
+                   n_layers: int, keep_mtp: int, is_last: bool, meta: dict[str, Any]) -> None:
+    """Metadata of span [start, end): per-layer arrays (one value per block of the source, MTP
+    blocks included) cut to the span's blocks, then its `keep_mtp` MTP blocks' values; the MTP key
+    only where the span keeps them."""
     arch = row.name
     prefix = f"{arch}."
     per_layer = {prefix + k for k in row.per_layer_keys}
     leading = {prefix + k for k in row.leading_count_keys}
-    dropped = {prefix + row.mtp_layers_key} if row.mtp_layers_key else set()  # always 0 here
+    n_blocks = int(reader.fields[f"{arch}.block_count"].contents())
+    dropped = set() if keep_mtp else {prefix + MTP_LAYERS_KEY}
     no_window = _windows_unused(reader, meta, row, start, end, n_layers)
     # a span that reads token ids validates them against its vocabulary (and indexes tables by them)
     keeps_vocab = is_last or _reads_token_ids(row, meta, start)
@@ -202,16 +242,16 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: 
         if not keeps_vocab and key == f"{arch}.vocab_size":
             continue
         if key == f"{arch}.block_count":
-            writer.add_uint32(key, end - start)
+            writer.add_uint32(key, end - start + keep_mtp)
             continue
         vtype = field.types[0]
         if vtype == GGUFValueType.ARRAY:
             sub = field.types[-1]
             values = field.contents()
-            if key.startswith(prefix) and (key in per_layer or len(values) == n_layers):
-                if len(values) != n_layers:
-                    raise ModelError(f"per-layer key {key} has {len(values)} values for {n_layers} layers")
-                values = values[start:end]
+            if key.startswith(prefix) and (key in per_layer or len(values) == n_blocks):
+                if len(values) != n_blocks:
+                    raise ModelError(f"per-layer key {key} has {len(values)} values for {n_blocks} blocks")
+                values = values[start:end] + values[n_layers:n_layers + keep_mtp]
             writer.add_key_value(key, values, vtype, sub_type=sub)
         else:
             writer.add_key_value(key, field.contents(), vtype)
@@ -282,6 +322,16 @@ def _reads_token_ids(row: ArchRow, meta: dict[str, Any], start: int) -> bool:
                for sb in row.sidebands)
 
 
+def span_has_mtp(span_path: Path) -> bool:
+    """True when the span file holds multi-token-prediction blocks (a final span of a model whose row
+    serves the head): its executor runs the head too.
+
+    Raises:
+        ModelError: unreadable GGUF.
+    """
+    return mtp_layers(span_path) > 0
+
+
 def span_reads_token_ids(span_path: Path) -> bool:
     """True when the span file's layers read token ids, so every step it runs must carry them.
 
@@ -295,19 +345,30 @@ def span_reads_token_ids(span_path: Path) -> bool:
     return _reads_token_ids(row, arch_metadata(header, arch), 0)
 
 
-def _copy_tensors(reader: GGUFReader, writer: GGUFWriter, start: int, end: int, is_last: bool,
-                  residual_input: bool) -> None:
+def _copy_tensors(reader: GGUFReader, writer: GGUFWriter, start: int, end: int, n_layers: int,
+                  keep_mtp: int, is_last: bool, residual_input: bool) -> None:
+    """Tensors of span [start, end): its blocks renumbered from 0, then `keep_mtp` MTP blocks (the
+    source's blocks n_layers.. renumbered from end - start), and the global tensors."""
     n_embd = None
     has_head = any(t.name == _HEAD_TENSORS[0] for t in reader.tensors)
+    names = {t.name for t in reader.tensors}
+    # llama.cpp's MTP graph embeds its tokens with the block's own table, else with token_embd
+    mtp_embeds = keep_mtp > 0 and any(f"blk.{n_layers + k}.nextn.embed_tokens.weight" not in names
+                                      for k in range(keep_mtp))
     for t in reader.tensors:
         m = _BLOCK_RE.match(t.name)
         if m:
             layer = int(m.group(1))
             if start <= layer < end:
                 _add_raw(writer, f"blk.{layer - start}.{m.group(2)}", t)
+            elif n_layers <= layer < n_layers + keep_mtp:
+                _add_raw(writer, f"blk.{layer - n_layers + end - start}.{m.group(2)}", t)
             continue
         if t.name == _EMBD_TENSOR:
             n_embd = int(t.shape[0])
+            if mtp_embeds:
+                _add_raw(writer, t.name, t)  # the MTP head reads it (the span's input does not)
+                continue
             if residual_input and has_head:
                 continue  # the patched loader needs no embedding table in a span (ArchRow.residual_input)
             if is_last and not has_head:

@@ -167,8 +167,12 @@ def span_budget(manifest, memory_bytes: int, kv_tokens: int, max_layers: int | N
             layer_bytes[t.layer] += t.nbytes
         elif t.name in ("output_norm.weight", "output.weight"):
             head_bytes += t.nbytes
+    head_names = set()
     if not any(t.name == "output.weight" for t in manifest.tensors):  # tied head: token_embd
-        head_bytes += sum(t.nbytes for t in manifest.tensors if t.name == "token_embd.weight")
+        head_names.add("token_embd.weight")
+    # a served multi-token-prediction head lives on the last span too (its blocks, maybe token_embd)
+    head_names.update(t.name for t in manifest.mtp_head_tensors())
+    head_bytes += sum(t.nbytes for t in manifest.tensors if t.name in head_names)
     return SpanBudget(
         memory_bytes=memory_bytes,
         layer_bytes=tuple(layer_bytes),

@@ -420,6 +420,31 @@ def _deepseek4() -> SyntheticSpec:
     return SyntheticSpec("deepseek4", n, meta, globals_, block, seed=10)
 
 
+def deepseek4_mtp() -> SyntheticSpec:
+    """`_deepseek4` with one multi-token-prediction block, as llama.cpp stores it: block 4, after the
+    four trunk layers, counted in `block_count` (5) and named by `nextn_predict_layers` (1). The
+    block is a window-only (ratio 0), score-routed layer plus `nextn.eh_proj` [2 n_embd -> n_embd]
+    and the `nextn.enorm` / `nextn.hnorm` norms; it has no `nextn.embed_tokens` or shared head, so
+    llama.cpp's MTP graph (deepseek4.cpp `graph_mtp`) reads `token_embd`, `output_norm` and
+    `output` of the model."""
+    base = _deepseek4()
+    n_trunk = base.n_layers
+    meta = tuple(m for m in base.metadata if m[0] != "attention.compress_ratios") + (
+        ("attention.compress_ratios", [*_DS4_RATIOS, 0], GGUFValueType.ARRAY, GGUFValueType.UINT32),
+        _u32("nextn_predict_layers", 1),
+    )
+
+    def block(il: int) -> list[tuple[str, Shape]]:
+        if il < n_trunk:
+            return base.block(il)
+        trunk_like = [t for t in base.block(0) if t[0] != "ffn_gate_tid2eid.weight"]
+        return trunk_like + [("exp_probs_b.bias", (N_EXPERT,)),
+                             ("nextn.eh_proj.weight", (2 * N_EMBD, N_EMBD)),
+                             ("nextn.enorm.weight", (N_EMBD,)), ("nextn.hnorm.weight", (N_EMBD,))]
+
+    return SyntheticSpec("deepseek4", n_trunk + 1, meta, base.globals_, block, seed=11)
+
+
 SPECS: dict[str, Callable[[], SyntheticSpec]] = {
     "llama": _llama, "qwen2": _qwen2, "gemma3": _gemma3, "qwen3moe": _qwen3moe, "deepseek2": _deepseek2,
     "glm-dsa": _glm_dsa, "qwen35": _qwen35, "qwen35moe": _qwen35moe, "deepseek4": _deepseek4,

@@ -21,12 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session", autouse=True)
 def span_library() -> Path:
-    """libswarm_span.so, rebuilt when missing or older than its C source."""
-    src = ROOT / "csrc" / "swarm_span.c"
-    hdr = ROOT / "csrc" / "swarm_span.h"
+    """libswarm_span.so (and the test-only MTP oracle library), rebuilt when missing or older than
+    their C sources."""
+    sources = [ROOT / "csrc" / name for name in ("swarm_span.c", "swarm_span.h", "mtp_oracle.c")]
     lib = _lib.LIB_PATH
-    newest = max(src.stat().st_mtime, hdr.stat().st_mtime)
-    if not lib.exists() or lib.stat().st_mtime < newest:
+    newest = max(src.stat().st_mtime for src in sources)
+    built = [lib, ROOT / "tests" / "helpers" / "libswarm_mtp_oracle.so"]
+    if any(not b.exists() or b.stat().st_mtime < newest for b in built):
         subprocess.run(["bash", str(ROOT / "scripts" / "build_csrc.sh"), sys.executable], check=True)
     return lib
 

@@ -1,0 +1,68 @@
+"""The whole-model oracle of a multi-token-prediction (MTP) head: llama.cpp's target and MTP contexts
+on the whole GGUF, driven as common/speculative.cpp drives them (csrc/mtp_oracle.cpp, built by
+scripts/build_csrc.sh into tests/helpers/libswarm_mtp_oracle.so; llama-cpp-python has no MTP API).
+
+Same numeric contract as `tests.helpers.oracle`: flash attention, the prompt in llama_decode calls
+of UBATCH_TOKENS rows, one-token steps on 1 thread, multi-row ones on N_THREADS. This module does
+not build spans.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from swarm.numeric import UBATCH_TOKENS
+from tests.helpers.oracle import N_DECODE, N_THREADS
+
+LIB_PATH = Path(__file__).with_name("libswarm_mtp_oracle.so")
+_STATUS = {-1: "bad argument", -2: "cannot load the model", -3: "cannot create a context",
+           -4: "llama_decode failed", -5: "the model has no MTP block"}
+
+
+@dataclass(frozen=True)
+class MtpOracle:
+    """A whole-model run with its MTP head.
+
+    Attributes:
+        prefill_logits: [len(prompt), n_vocab] float32, target logits of every prompt token.
+        tokens: the N_DECODE greedy tokens fed after the prompt.
+        step_logits: [N_DECODE, n_vocab] float32; row i = target logits after feeding tokens[i].
+        draft_logits: [N_DECODE + 1, n_vocab] float32 MTP logits: row 0 for tokens[0] fed after the
+            prompt (drafting the token after it), row i + 1 for the greedy token after step i.
+    """
+
+    prefill_logits: np.ndarray
+    tokens: list[int]
+    step_logits: np.ndarray
+    draft_logits: np.ndarray
+
+
+def run_mtp_oracle(model_path: Path, prompt: list[int], n_vocab: int, n_decode: int = N_DECODE) -> MtpOracle:
+    """Prompt, then `n_decode` greedy steps, with an MTP draft after the prompt and after each step.
+
+    Raises:
+        RuntimeError: the oracle library is missing (run scripts/build_csrc.sh) or llama.cpp failed.
+    """
+    if not LIB_PATH.exists():
+        raise RuntimeError(f"{LIB_PATH} is missing: build it with scripts/build_csrc.sh")
+    lib = ctypes.CDLL(str(LIB_PATH))
+    fn = lib.swarm_mtp_oracle_run
+    fn.restype = ctypes.c_int
+    ptr = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_char_p, ptr, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                   ctypes.c_int32, ptr, ptr, ptr, ptr]
+    ids = np.asarray(prompt, dtype=np.int32)
+    prefill = np.zeros((len(ids), n_vocab), dtype=np.float32)
+    steps = np.zeros((n_decode, n_vocab), dtype=np.float32)
+    tokens = np.zeros(n_decode, dtype=np.int32)
+    drafts = np.zeros((n_decode + 1, n_vocab), dtype=np.float32)
+    rc = fn(str(model_path).encode(), ids.ctypes.data, len(ids), n_decode, UBATCH_TOKENS, N_THREADS, n_vocab,
+            prefill.ctypes.data, steps.ctypes.data, tokens.ctypes.data, drafts.ctypes.data)
+    if rc != 0:
+        raise RuntimeError(f"MTP oracle on {model_path}: {_STATUS.get(rc, rc)}")
+    return MtpOracle(prefill_logits=prefill, tokens=[int(t) for t in tokens], step_logits=steps,
+                     draft_logits=drafts)

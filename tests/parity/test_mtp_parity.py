@@ -1,0 +1,260 @@
+"""A model's multi-token-prediction (MTP) head, served on the last span, equals the whole model's.
+
+The model is the synthetic DeepSeek-V4 with one MTP block (`tests.helpers.synthetic.deepseek4_mtp`:
+4 layers + block 4). The reference is `tests.helpers.mtp_oracle` (llama.cpp's target and MTP
+contexts on the whole file, driven as common/speculative.cpp drives them); the chain runner is
+`tests.helpers.chains`. Drafts are the head's logits for the token after the one fed next: after the
+prompt and after each of N_DECODE greedy steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFReader, GGUFValueType
+
+from swarm.artifacts.distribute import span_ranges
+from swarm.errors import ExecutorError, ModelError
+from swarm.ggml_bridge.embed import TokenEmbedder
+from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
+from swarm.ggml_bridge.gguf_header import scan
+from swarm.ggml_bridge.slicing import (build_span, legal_starts, mtp_layers, read_span_layers, span_has_mtp,
+                                       span_reads_token_ids)
+from swarm.kv.budget import span_budget
+from swarm.manifest import Manifest, build_manifest
+from tests.helpers.chains import chain_forward, open_chain
+from tests.helpers.mtp_oracle import run_mtp_oracle
+from tests.helpers.oracle import N_DECODE, N_THREADS
+from tests.helpers.synthetic import N_VOCAB, deepseek4_mtp, with_layers, write_synthetic
+from tests.parity.test_synthetic_parity import SYNTH_PROMPT
+
+N_TRUNK = 4  # the synthetic model's layers; its MTP block is block 4
+
+
+@pytest.fixture(scope="module")
+def mtp_model(tmp_path_factory) -> Path:
+    return write_synthetic("deepseek4", tmp_path_factory.mktemp("mtp") / "ds4-mtp.gguf", spec=deepseek4_mtp())
+
+
+@pytest.fixture(scope="module")
+def prompt(mtp_model, oracle_for) -> list[int]:
+    return oracle_for(mtp_model, SYNTH_PROMPT).prompt
+
+
+@pytest.fixture(scope="module")
+def mtp_oracle(mtp_model, prompt):
+    return run_mtp_oracle(mtp_model, prompt, N_VOCAB)
+
+
+def _close(chain: list[SpanExecutor]) -> None:
+    for ex in chain:
+        ex.close()
+
+
+@pytest.mark.parametrize("cuts", [(1,), (2,), (1, 3)], ids=lambda c: "-".join(map(str, c)))
+def test_mtp_head_on_the_last_span_drafts_what_the_whole_model_drafts(cuts, mtp_model, prompt, mtp_oracle,
+                                                                      oracle_for, span_cache):
+    # loading the MTP block leaves the whole model's own logits as llama-cpp-python's
+    plain = oracle_for(mtp_model, SYNTH_PROMPT)
+    assert np.abs(mtp_oracle.prefill_logits - plain.prefill_logits).max() == 0.0
+    assert mtp_oracle.tokens == plain.tokens
+    # random weights: the head's logits spread over units and its drafts vary, so 0.0 is a real check
+    assert float(mtp_oracle.draft_logits.std()) > 0.1
+    assert len(set(np.argmax(mtp_oracle.draft_logits, axis=1).tolist())) > 5
+
+    embedder = TokenEmbedder(mtp_model)
+    chain = open_chain(mtp_model, cuts, span_cache)
+    try:
+        assert [ex.has_mtp for ex in chain] == [False] * len(cuts) + [True]
+        prefill = chain_forward(chain, embedder, 0, 0, prompt, all_logits=True)
+        assert np.abs(prefill - mtp_oracle.prefill_logits).max() == 0.0
+        pos, nxt = len(prompt), int(np.argmax(prefill[-1]))
+        drafts = [chain[-1].mtp_draft(0, nxt)]
+        for _ in range(N_DECODE):
+            step = chain_forward(chain, embedder, 0, pos, [nxt])
+            pos, nxt = pos + 1, int(np.argmax(step[0]))
+            drafts.append(chain[-1].mtp_draft(0, nxt))
+        got = np.stack(drafts)
+        assert np.abs(got - mtp_oracle.draft_logits).max() == 0.0
+        assert np.argmax(got, axis=1).tolist() == np.argmax(mtp_oracle.draft_logits, axis=1).tolist()
+        assert [ex.pos_max(0) for ex in chain] == [pos - 1] * len(chain)  # drafts add no position
+    finally:
+        _close(chain)
+
+
+def test_mtp_blocks_travel_only_with_the_last_span(mtp_model, span_cache):
+    """The model has 4 layers (block_count 5 less nextn_predict_layers 1). The last span's file keeps
+    the MTP block renumbered after its own blocks, with the key, its compress ratio and token_embd
+    (the head embeds its tokens with it); other spans drop them. Manifest, fetch plan and memory
+    budget count the head on the last span."""
+    assert read_span_layers(mtp_model) == ("deepseek4", N_TRUNK) and mtp_layers(mtp_model) == 1
+    assert legal_starts(mtp_model) == [0, 1, 2, 3]
+    source = GGUFReader(mtp_model)
+    src = {t.name: t for t in source.tensors}
+    for start, end in ((0, 1), (1, 3), (3, 4)):
+        span = build_span(mtp_model, start, end, cache_dir=span_cache)
+        header, reader = scan(span), GGUFReader(span)
+        names = {t.name for t in reader.tensors}
+        ratios = list(reader.fields["deepseek4.attention.compress_ratios"].contents())
+        last = end == N_TRUNK
+        assert span_has_mtp(span) == last
+        assert read_span_layers(span) == ("deepseek4", end - start)
+        assert header.scalars["deepseek4.block_count"] == end - start + last
+        assert ("deepseek4.nextn_predict_layers" in header.scalars) == last
+        assert ratios == [0, 4, 128, 4][start:end] + [0] * last
+        assert (f"blk.{end - start}.nextn.eh_proj.weight" in names) == last
+        assert ("token_embd.weight" in names) == last
+        if last:
+            got = {t.name: t for t in reader.tensors}
+            for name in ("blk.1.nextn.eh_proj.weight", "blk.1.attn_kv.weight", "token_embd.weight"):
+                origin = name.replace("blk.1.", "blk.4.")
+                assert np.array_equal(got[name].data, src[origin].data)
+            assert float(np.abs(got["token_embd.weight"].data).max()) > 0.0  # real rows, not zeros
+
+    manifest = build_manifest(mtp_model)
+    assert Manifest.from_bytes(manifest.to_bytes(), manifest.model_id) == manifest
+    assert (manifest.n_layers, manifest.n_mtp_layers) == (N_TRUNK, 1)
+    head = {t.name for t in manifest.mtp_tensors()}
+    assert head and all(n.startswith("blk.4.") for n in head)
+
+    def covered(ranges, name):
+        t = manifest.tensor(name)
+        return any(off <= t.offset and t.offset + t.nbytes <= off + n for off, n in ranges)
+
+    for start, end in ((1, 3), (3, 4)):
+        ranges = span_ranges(manifest, start, end)
+        wanted = end == N_TRUNK
+        assert all(covered(ranges, n) == wanted for n in (*head, "token_embd.weight"))
+    budget = span_budget(manifest, 1 << 30, 0)
+    head_bytes = sum(t.nbytes for t in manifest.tensors
+                     if t.name in head | {"token_embd.weight", "output.weight", "output_norm.weight"})
+    assert budget.head_bytes == head_bytes
+
+
+def test_mtp_head_stays_in_step_with_the_sequence(mtp_model, prompt, span_cache):
+    """Drafts leave the sequence as it was; export/import carries the head's cache and last h;
+    truncation into the sequence, bad tokens, empty sequences and spans without a head are refused."""
+    embedder = TokenEmbedder(mtp_model)
+    chain = open_chain(mtp_model, (2,), span_cache)
+    last = chain[-1]
+    ids, tok = prompt[:40], 7
+    try:
+        # the last span holds no hash-routed layer: only its head reads the token ids
+        assert last.needs_token_ids and not span_reads_token_ids(build_span(mtp_model, 2, 4, span_cache))
+        with pytest.raises(ExecutorError, match="is empty"):
+            last.mtp_draft(0, tok)
+        h = chain[0].forward(0, 0, embedder.embed(ids), token_ids=np.array(ids))
+        with pytest.raises(ExecutorError, match="reads token ids"):
+            last.forward(0, 0, h)
+        assert last.pos_max(0) == -1
+        last.forward(0, 0, h, token_ids=np.array(ids))
+        draft = last.mtp_draft(0, tok)
+        assert np.array_equal(last.mtp_draft(0, tok), draft)  # asking again changes nothing
+        with pytest.raises(ExecutorError, match=r"token must be an int in \[0, "):
+            last.mtp_draft(0, N_VOCAB)
+        with pytest.raises(ExecutorError, match="no multi-token-prediction head"):
+            chain[0].mtp_draft(0, tok)
+        with pytest.raises(ExecutorError, match="truncate 0 at 20 failed"):
+            last.truncate(0, 20)
+        last.truncate(0, 40)  # nothing to drop
+        assert last.pos_max(0) == 39 and np.array_equal(last.mtp_draft(0, tok), draft)
+
+        blobs = [ex.export_seq(0) for ex in chain]
+        for ex, blob in zip(chain, blobs):
+            ex.import_seq(1, blob)
+        assert np.array_equal(last.mtp_draft(1, tok), draft)
+        steps = [chain_forward(chain, embedder, seq, 40, [tok]) for seq in (0, 1)]
+        assert np.array_equal(steps[0], steps[1])
+        assert np.array_equal(last.mtp_draft(0, 9), last.mtp_draft(1, 9))
+
+        for ex in chain:
+            ex.clear(1)
+        bad = b"XXXXXXXX" + blobs[1][8:]
+        with pytest.raises(ExecutorError, match="import into 1 failed"):
+            last.import_seq(1, bad)
+        assert last.pos_max(1) == -1
+
+        last.truncate(0, 0)  # a clear: the head's cache and its h go too
+        chain[0].clear(0)
+        with pytest.raises(ExecutorError, match="is empty"):
+            last.mtp_draft(0, tok)
+        chain_forward(chain, embedder, 0, 0, ids)
+        assert np.array_equal(last.mtp_draft(0, tok), draft)  # position 0 again paired with zeros
+    finally:
+        _close(chain)
+
+
+def test_mtp_head_of_batched_steps_follows_each_sequence(mtp_model, prompt, span_cache):
+    """One decode step of two sequences in one batch feeds each its own rows: drafts equal the
+    sequences' solo drafts within what the batch itself moves the logits (llama.cpp's kernels round
+    a 2-row ubatch differently from a 1-row one: ~1e-3 here); a row paired with the other sequence's
+    h would move them by units."""
+    embedder = TokenEmbedder(mtp_model)
+    chain = open_chain(mtp_model, (2,), span_cache)
+    a, b = prompt[:30], prompt[30:50]
+    try:
+        def prefill():
+            return [int(np.argmax(chain_forward(chain, embedder, s, 0, p))) for s, p in ((0, a), (1, b))]
+
+        firsts = prefill()
+        solo_logits = [chain_forward(chain, embedder, s, len(p), [t])[0]
+                       for s, p, t in zip((0, 1), (a, b), firsts)]
+        nexts = [int(np.argmax(lg)) for lg in solo_logits]
+        solo = [chain[-1].mtp_draft(s, t) for s, t in zip((0, 1), nexts)]
+        assert np.abs(solo[0] - solo[1]).max() > 1.0  # the sequences' drafts tell them apart
+        for ex in chain:
+            ex.clear(0)
+            ex.clear(1)
+        assert prefill() == firsts
+        tok = np.array(firsts, dtype=np.int32)
+        rows = list(embedder.embed(firsts)[:, None, :])
+        for ex in chain:
+            rows = ex.forward_batch([BatchStep(s, len(p), rows[s], token_ids=tok[s:s + 1])
+                                     for s, p in ((0, a), (1, b))])
+        for s in (0, 1):
+            assert np.abs(rows[s][0] - solo_logits[s]).max() < 1e-2
+            draft = chain[-1].mtp_draft(s, nexts[s])
+            assert np.abs(draft - solo[s]).max() < 1e-2
+            assert int(np.argmax(draft)) == int(np.argmax(solo[s]))
+    finally:
+        _close(chain)
+
+
+def test_a_failed_step_leaves_the_head_in_step(mtp_model, span_cache):
+    """A step that fills the last span's KV stream half-way fails; deepseek4's compressed cache cannot
+    drop the rows it already took, so the sequence is emptied in both caches rather than left
+    half-advanced with the head behind it."""
+    embedder = TokenEmbedder(mtp_model)
+
+    def open_span(start, end, n_ctx):
+        return SpanExecutor.for_span(mtp_model, start, end, n_ctx_tokens=n_ctx, n_seq_max=1,
+                                     n_threads=N_THREADS, cache_dir=span_cache, n_batch=64)
+
+    first, last = open_span(0, 2, 1024), open_span(2, 4, 256)
+    try:
+        ids = [4 + i % 200 for i in range(last.n_ctx_seq_tokens - 100)]
+        chain_forward([first, last], embedder, 0, 0, ids)
+        more = list(range(4, 124))  # 64 rows fit, the next 56 do not
+        h = first.forward(0, len(ids), embedder.embed(more), token_ids=np.array(more))
+        with pytest.raises(ExecutorError, match="KV cache full"):
+            last.forward(0, len(ids), h, token_ids=np.array(more))
+        assert last.pos_max(0) == -1
+        with pytest.raises(ExecutorError, match="is empty"):
+            last.mtp_draft(0, 7)
+    finally:
+        _close([first, last])
+
+
+def test_mtp_files_the_head_cannot_run_are_refused(tmp_path):
+    base = deepseek4_mtp()
+    ratio4 = with_layers(base, base.n_layers, (("attention.compress_ratios", [0, 4, 128, 4, 4],
+                                                GGUFValueType.ARRAY, GGUFValueType.UINT32),))
+    path = write_synthetic("deepseek4", tmp_path / "ratio4.gguf", spec=ratio4)
+    with pytest.raises(ModelError, match=r"compress_ratios is \[4\] for the multi-token-prediction"):
+        build_span(path, 2, 4, cache_dir=tmp_path)
+    bad = with_layers(base, base.n_layers, (("nextn_predict_layers", 5, GGUFValueType.UINT32, None),))
+    path = write_synthetic("deepseek4", tmp_path / "all-mtp.gguf", spec=bad)
+    with pytest.raises(ModelError, match="does not leave a layer"):
+        read_span_layers(path)
