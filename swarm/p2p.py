@@ -105,8 +105,8 @@ class FramedStream:
         self._writer = writer
         self._closed = False
         self._gate: FrameGate | None = None
-        self._refused_bytes = 0
         self._release: Callable[[], None] | None = None
+        self._sent_last = False
 
     def set_gate(self, gate: FrameGate | None) -> None:
         """Ask `gate` before reading each later frame's body (see `FrameGate`); None: no gate."""
@@ -144,6 +144,17 @@ class FramedStream:
             await self._writer.drain()
         except (ConnectionError, OSError, RuntimeError) as e:
             raise PeerUnreachable(f"stream to {self.remote_peer_id} broke while sending: {e}") from e
+
+    @property
+    def sent_last(self) -> bool:
+        """True once `send_last` sent this side's last frame: close it with `linger_close`."""
+        return self._sent_last
+
+    async def send_last(self, frame: bytes) -> None:
+        """Send this side's last frame (an Error before hanging up); close the stream afterwards
+        with `linger_close`, so that the frame reaches the remote. Raises as `send`."""
+        self._sent_last = True
+        await self.send(frame)
 
     async def last_words(self, timeout_s: float = 1.0) -> Optional[bytes]:
         """After a failed send: a frame the peer sent before hanging up (e.g. why it left), or None.
@@ -209,9 +220,7 @@ class FramedStream:
                 f"over the limit of {self._max_wire_bytes}"
             )
         if self._gate is not None:
-            self._refused_bytes = length  # what `linger_close` drains if the gate refuses the frame
             self._release = await self._gate(length)
-            self._refused_bytes = 0
         try:
             data = await self._reader.readexactly(length)
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
@@ -243,29 +252,29 @@ class FramedStream:
             pass
 
     async def linger_close(self) -> None:
-        """Close after a refusal so that the refusal reaches the remote: stop sending, then read
-        and discard the rest of the refused frame (what the remote still sends, up to the frame's
-        announced length) until it hangs up, goes quiet for LINGER_IDLE_S, or LINGER_MAX_S pass.
+        """Close after a last frame (`send_last`) so that it reaches the remote: stop sending, read
+        and discard what the remote still sends (the rest of a refused frame) until it hangs up,
+        goes quiet for LINGER_IDLE_S, or LINGER_MAX_S pass. The discarded bytes are never buffered
+        beyond one read.
 
-        Closing a socket with unread bytes in its receive buffer makes the kernel send a reset,
-        which can destroy the refusal frame before the remote reads it; RFC 9112 section 9.6
-        ("lingering close") gives the same advice to HTTP servers. Waiting for the refused frame's
-        last byte, rather than a fixed time, keeps that true on a loaded machine or a slow link.
-        The discarded bytes are never buffered beyond one read.
+        A close with unread bytes in the receive buffer makes the kernel send a reset, which can
+        destroy the last frame before the remote reads it; RFC 9112 section 9.6 ("lingering close")
+        gives the same advice to HTTP servers. Through p2pd even a clean close can: the daemon
+        closes the libp2p stream for reading too and then resets it (go-libp2p-daemon stream.go,
+        doStreamPipe), racing the frame to the remote. So a libp2p stream is not half-closed here
+        (p2pd would turn that into the same close): it stays open until the remote hangs up,
+        which a client does once it has read the frame. A direct stream is half-closed, so its
+        remote reads the end at once.
         """
         self._release_frame()
         if self._closed:
             return
-        left = self._refused_bytes
         try:
-            if self._writer.can_write_eof():
+            if self.cipher is not None and self._writer.can_write_eof():
                 self._writer.write_eof()
             async with asyncio.timeout(LINGER_MAX_S):
-                while left > 0:
-                    data = await asyncio.wait_for(self._reader.read(min(left, 1 << 16)), LINGER_IDLE_S)
-                    if not data:
-                        break
-                    left -= len(data)
+                while await asyncio.wait_for(self._reader.read(1 << 16), LINGER_IDLE_S):
+                    pass
         except (TimeoutError, ConnectionError, OSError, RuntimeError):
             pass  # the remote went away, went quiet or kept trickling: close either way
         await self.close()

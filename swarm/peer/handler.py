@@ -122,17 +122,17 @@ async def _counted(streams: PeerStreams, stream: FramedStream, serve: Callable) 
     refusal = streams.ledger.open_stream(client)
     if refusal is not None:
         await send_error(stream, ErrorCode.BUSY, refusal)
+        await stream.linger_close()
         return
     stream.set_gate(streams.gate(client))
     try:
         await serve()
     except FrameRefused as e:
         await send_error(stream, ErrorCode.BUSY, str(e))
-        # the refused frame's body is still arriving: a plain close would reset the connection
-        # and could destroy the refusal before the client reads it
-        await stream.linger_close()
     finally:
-        await stream.close()  # gives back the bytes of the frame it was serving
+        # after an Error, a plain close could reset the stream before the client reads why (the
+        # refused frame's body may still be arriving, too); either gives back the frame's bytes
+        await (stream.linger_close() if stream.sent_last else stream.close())
         streams.ledger.close_stream(client)
 
 

@@ -200,8 +200,9 @@ async def serve_push(stream: FramedStream, live: Mapping[bytes, object], idle_ti
 
 
 async def send_error(stream: FramedStream, code: ErrorCode, message: str) -> None:
-    """Send an Error frame, unless the stream is gone already (nothing to tell then)."""
+    """Send an Error frame as the stream's last (close it with `FramedStream.linger_close`), unless
+    the stream is gone already (nothing to tell then)."""
     try:
-        await stream.send(encode_frame(Error(code, message)))
+        await stream.send_last(encode_frame(Error(code, message)))
     except SwarmError:
         pass

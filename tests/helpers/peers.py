@@ -166,6 +166,16 @@ class RawClient:
 
         return await asyncio.gather(*(one(s) for s in streams))
 
+    def announce(self, stream: FramedStream, n_bytes: int) -> None:
+        """Send only the length header of a frame of `n_bytes` (its body never follows): the peer
+        reserves the frame's bytes when it reads the header. Written by hand: `FramedStream` sends
+        whole frames only."""
+        async def header() -> None:
+            stream._writer.write(n_bytes.to_bytes(4, "big"))  # noqa: SLF001 - swarm.p2p's >I length prefix
+            await stream._writer.drain()  # noqa: SLF001
+
+        self.loop.run(header(), 30)
+
     def close(self) -> None:
         self.loop.run(self.dht.shutdown(), 30)
         self.loop.stop()

@@ -317,7 +317,7 @@ def test_bad_stream_does_not_disturb_a_running_session(raw, peer, smollm2_path, 
                 "position 9",
             )
             expect_error(raw.ask(s, GEN + b"\xff\xff"), ErrorCode.PROTOCOL)
-            raw.assert_closed(s)
+            raw.loop.run(s.close(), 30)  # hung up at once: the peer's lingering close ends with it
             n_bad += 1
     assert n_bad >= 2  # bad streams ran while the session was open, not only before or after it
     assert text == expected
