@@ -3,11 +3,13 @@ per verify pass and passes in flight, per task, at each round-trip time.
 
 Tasks (greedy; the text with speculation must equal the text without, and the script checks it):
   copy:  a code file and the start of its copy: prompt-lookup drafts find most tokens in the prompt;
-  novel: free prose, where prompt lookup finds little (the requantized self-draft of issue 25 is not
-         built: this row measures what speculation costs when its drafts miss).
-Each (task, k) runs `--repeats` times after a warm-up, with k fixed and adaptive (swarm/spec/policy.py:
-0..k per pass as measured, 0 being plain decoding); figures are medians. `passes_in_flight` is 1:
-one verify pass at a time (pipelining is not built).
+  novel: free prose, where prompt lookup finds little and a draft model must guess.
+Drafts (`--drafts`): `lookup` (prompt lookup), `self` (the model requantized to Q3_K_M and run in the
+client process, swarm/client/draftmodel.py; `self:TYPE` for another type), or a draft GGUF's path;
+one client per draft, with its own plain rows. Each (draft, task, k) runs `--repeats` times after a
+warm-up, with k fixed and adaptive (swarm/spec/policy.py: 0..k per pass as measured, 0 being plain
+decoding); figures are medians. `passes_in_flight` is 1: one verify pass at a time (pipelining is
+not built).
 
 RTT modes: `--rtt 0` (the default) runs a loopback swarm on 127.0.0.1 (three `swarm serve` processes
 of the model's thirds, 1 thread each) and the client in this process. Any other RTT runs in the
@@ -15,7 +17,7 @@ network lab (sim/netlab.py, needs root): the swarm of scripts/bench_wan.py (`dir
 peers and a DHT peer), the client behind a NAT router, every two sites RTT apart.
 
     flock /tmp/swarm-heavy.lock .venv/bin/python scripts/bench_spec.py [--model smollm2-135m] \
-        [--rtt 0 20 50] [--k 4] [--decode 64] [--repeats 2]
+        [--rtt 0 20 50] [--k 4] [--decode 64] [--repeats 2] [--drafts lookup self] [--tasks copy novel]
 
 Prints one JSON object.
 """
@@ -47,15 +49,26 @@ TASKS = {
 }
 
 
-def run_client(model: str, initial_peers: list[str], k_values: list[int], n_decode: int,
-               repeats: int) -> list[dict]:
-    """Every task with speculation off (k 0) and at each k: medians over `repeats` generations."""
+def run_client(model: str, initial_peers: list[str], args) -> list[dict]:
+    """Per draft, every task with speculation off (k 0) and at each k: medians over `args.repeats`
+    generations of `args.decode` + 1 tokens."""
+    rows = []
+    for draft in args.drafts:
+        rows += run_draft(model, initial_peers, draft, args.tasks, args.k, args.decode, args.repeats)
+    return rows
+
+
+def run_draft(model: str, initial_peers: list[str], draft: str, tasks: list[str], k_values: list[int],
+              n_decode: int, repeats: int) -> list[dict]:
+    """One client drafting with `draft`: its plain and speculative rows."""
     from swarm import Client
 
     rows = []
-    with Client(model, initial_peers=initial_peers) as client:
+    with Client(model, initial_peers=initial_peers, draft=draft) as client:
         client.generate(TASKS["novel"][:40], max_new_tokens=4)  # probes, streams and cost model warmed
-        for task, prompt in TASKS.items():
+        client.generate(TASKS["novel"][:40], max_new_tokens=4, speculate=2)  # the draft model loaded
+        for task in tasks:
+            prompt = TASKS[task]
             plain_text = None
             for k, adaptive in [(0, False), *((k, a) for k in k_values for a in (False, True))]:
                 client.adaptive_speculation = adaptive
@@ -64,6 +77,7 @@ def run_client(model: str, initial_peers: list[str], k_values: list[int], n_deco
                 s = [r.telemetry.speculation for r in runs]
                 row = {
                     "task": task,
+                    "draft": draft,
                     "k": k,
                     "adaptive": adaptive,
                     "decode_tok_s": round(statistics.median(r.telemetry.decode_tokens_per_s
@@ -83,7 +97,7 @@ def run_client(model: str, initial_peers: list[str], k_values: list[int], n_deco
                 rows.append(row)
     for row in rows:
         if row["k"]:
-            base = next(r for r in rows if r["task"] == row["task"] and r["k"] == 0)
+            base = next(r for r in rows if r["task"] == row["task"] and r["k"] == 0)  # this client's
             row["speedup"] = round(row["decode_tok_s"] / base["decode_tok_s"], 2)
     return rows
 
@@ -98,7 +112,7 @@ def loopback(model: Path, n_layers: int, args) -> list[dict]:
             for i in (1, 2):
                 peers.start(f"p{i}", *serve_args(model, f"{cuts[i]}:{cuts[i + 1]}", "--initial-peers",
                                                  first.maddrs[0]))
-            return run_client(str(model), first.maddrs, args.k, args.decode, args.repeats)
+            return run_client(str(model), first.maddrs, args)
         finally:
             peers.stop_all()
 
@@ -118,12 +132,13 @@ def in_lab(model: Path, n_layers: int, args, rtts: list[float]) -> dict[float, l
     with tempfile.TemporaryDirectory(prefix="bench-spec-") as root, Lab() as lab:
         peers = PeerSet(Path(root))
         try:
-            placed = wan.direct(lab, peers, model, n_layers)
+            placed = wan.direct(lab, peers, model, n_layers, "spec")
             client_site = lab.home("client")
             for rtt in rtts:
                 lab.set_rtt(rtt)
                 argv = [sys.executable, str(Path(__file__).resolve()), "--client", str(model), "--decode",
                         str(args.decode), "--repeats", str(args.repeats), "--k", *map(str, args.k),
+                        "--drafts", *args.drafts, "--tasks", *args.tasks,
                         "--initial-peers", *placed.initial_peers]
                 done = lab.run(client_site, argv, timeout_s=CLIENT_S)
                 out[rtt] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -140,11 +155,13 @@ def main() -> int:
     ap.add_argument("--k", type=int, nargs="+", default=[4], help="drafted tokens per pass")
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--drafts", nargs="+", default=["lookup"], help="lookup, self, self:TYPE or a .gguf path")
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--client", metavar="MODEL", help=argparse.SUPPRESS)  # the client inside its lab site
     ap.add_argument("--initial-peers", nargs="*", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.client:
-        print(json.dumps(run_client(args.client, args.initial_peers, args.k, args.decode, args.repeats)))
+        print(json.dumps(run_client(args.client, args.initial_peers, args)))
         return 0
     model = resolve_model(args.model, fetch=True)
     n_layers = build_manifest(model).n_layers

@@ -44,6 +44,8 @@ class ApiConfig:
         host: listen address, an IPv4 or IPv6 literal.
         port: TCP port (0: any free port; the ready line on stderr says which).
         n_threads: llama.cpp prompt threads (local only; None: all cores; decode runs on 1).
+        draft: the drafts of requests that speculate (swarm only): "lookup", "self", "self:TYPE" or a
+            draft GGUF's path (`swarm.Client`'s `draft`).
         status_period_s: seconds between reads of the swarm's announcements for the health page.
     """
 
@@ -53,6 +55,7 @@ class ApiConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     n_threads: int | None = None
+    draft: str = "lookup"
     status_period_s: float = 2.0
 
 
@@ -96,7 +99,8 @@ def run_api(cfg: ApiConfig) -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     client = conn = service = None
     try:
-        client = Client(cfg.model, local=cfg.local, initial_peers=cfg.initial_peers, n_threads=cfg.n_threads)
+        client = Client(cfg.model, local=cfg.local, initial_peers=cfg.initial_peers, n_threads=cfg.n_threads,
+                        draft=cfg.draft)
         monitor = None
         if cfg.local:
             model_id = build_manifest(resolve_model(cfg.model)).model_id

@@ -15,6 +15,9 @@ def register(sub) -> None:
     ap.add_argument("--host", default="127.0.0.1", help="HTTP listen address, an IP literal")
     ap.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000; 0: any free port)")
     ap.add_argument("--threads", type=int, default=None, help="prompt threads (--local; each generated token runs on 1)")
+    ap.add_argument("--draft", default="lookup", metavar="DRAFT",
+                    help="guesses of requests with \"speculate\": lookup (prompt lookup, the default), self "
+                         "(the model requantized to Q3_K_M, run here), self:TYPE, or a draft .gguf path")
     ap.add_argument("--status-period", type=float, default=2.0, help="seconds between health-page reads")
     ap.set_defaults(func=_api)
 
@@ -32,6 +35,7 @@ def _api(args) -> None:
             host=args.host,
             port=args.port,
             n_threads=args.threads,
+            draft=args.draft,
             status_period_s=args.status_period,
         )
     )

@@ -30,6 +30,10 @@ def register(sub) -> None:
     c.add_argument("--threads", type=int, default=None, help="prompt threads (--local; each generated token runs on 1)")
     c.add_argument("--speculate", type=int, default=0, metavar="K",
                    help="speculative decoding with up to K drafted tokens per pass (swarm only; same text)")
+    c.add_argument("--draft", default="lookup", metavar="DRAFT",
+                   help="with --speculate: where the guesses come from: lookup (prompt lookup, the "
+                        "default), self (the model requantized to Q3_K_M, run here), self:TYPE, or "
+                        "the path of a draft .gguf with the model's tokenizer")
     c.add_argument("--fixed-k", action="store_true",
                    help="with --speculate: always draft up to K, instead of the K (0 included) that the "
                         "measured acceptance and pass times say is fastest")
@@ -68,10 +72,12 @@ def _chat(args) -> int:
     if args.speculate and args.local:
         raise RequestError("--speculate runs on the swarm: speculative decoding saves round trips "
                            "over the route")
+    if args.draft != "lookup" and not args.speculate:
+        raise RequestError("--draft chooses the guesses of --speculate: give --speculate K too")
     if args.prompt is not None:
         _check_prompt(args.prompt)
     client = Client(args.model, local=args.local, initial_peers=args.initial_peers, n_threads=args.threads,
-                    adaptive_speculation=not args.fixed_k)
+                    adaptive_speculation=not args.fixed_k, draft=args.draft)
     try:
         if args.prompt is not None:
             return _one_shot(client, args, sampling)

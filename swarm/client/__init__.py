@@ -5,6 +5,8 @@ generate.py    the generation loop shared by both backends: limits, deltas, stop
                repair after a caught peer (`Rewind` in, `Correction` out)
 engine.py      the interfaces both backends implement (Engine, EngineSession), `StepResult`, `Rewind`
 local.py       whole-model llama.cpp engine (local=True)
+draftmodel.py  draft models of speculative decoding: a GGUF with the target's tokenizer (or the
+               target requantized lower, made once into the cache) run greedily on llama.cpp
 session.py     one generation's route: sticky hops, push chaining, failover by replay (links, clock injected)
 checks.py      spot checks of a route's hops: a hop's recorded steps replayed on another peer, compared
                within the band; caught peers excluded, priced, reported

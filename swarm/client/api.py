@@ -7,14 +7,15 @@ the client finds a route of peers through the DHT and keeps one stream per hop f
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
-from swarm.client.generate import Generation, GenerationRequest, Speculation, TokenStream
+from swarm.client.generate import Generation, GenerationRequest, Speculation, TokenStream, check_request
 from swarm.client.text import check_utf8
 from swarm.client.tokenizer import Tokenizer
 from swarm.errors import RequestError
 from swarm.limits import MAX_CONTEXT_TOKENS
-from swarm.models import DEFAULT_MODEL, resolve_model
+from swarm.models import DEFAULT_MODEL, is_model_id, resolve_model
 from swarm.sampling import SamplingParams
 from swarm.spec.draft import Draft, PromptLookup
 
@@ -36,9 +37,16 @@ class Client:
         adaptive_speculation: with `speculate` k, draft 0..k tokens per pass, as this generation's
             measured acceptance and pass times say is fastest (swarm/spec/policy.py; 0 turns
             speculation off while it would be slower); False: always up to k.
+        draft: where `speculate` gets its guesses (swarm only): "lookup" (default), prompt lookup,
+            no model; "self", the model requantized to Q3_K_M and run greedily in this process
+            (made once into the cache, swarm/client/draftmodel.py); "self:TYPE", another type
+            (Q2_K, Q4_0, ...); or the path of a draft GGUF with the model's tokenizer.
+        draft_threads: the draft model's llama.cpp threads; default 1.
     Raises:
-        RequestError: prefill_chunk_tokens off the grid (`swarm.numeric.check_chunk_tokens`).
-        ModelError: the model cannot be found, fetched or loaded.
+        RequestError: prefill_chunk_tokens off the grid (`swarm.numeric.check_chunk_tokens`), or a
+            draft model with local=True.
+        ModelError: the model cannot be found, fetched or loaded; the draft model cannot be made or
+            loaded, or its tokenizer is not the model's.
         NoRoute: (swarm) no chain of peers covers every layer.
     """
 
@@ -53,10 +61,24 @@ class Client:
         prefill_chunk_tokens: int = 256,
         verify_group_rows: int | None = None,
         adaptive_speculation: bool = True,
+        draft: str = "lookup",
+        draft_threads: int | None = None,
     ):
         self.local = local
         self.verify_group_rows = verify_group_rows
         self.adaptive_speculation = adaptive_speculation
+        if not isinstance(draft, str) or not draft:
+            raise RequestError(
+                f"draft must be 'lookup', 'self', 'self:TYPE' or a .gguf path, got {draft!r:.80}"
+            )
+        if local and draft != "lookup":
+            raise RequestError("a draft model speculates over the swarm: local=True has no route to "
+                               "save round trips on")
+        if draft != "lookup":
+            from swarm.client.draftmodel import check_draft_option
+
+            check_draft_option(draft)  # before joining the swarm: a bad option costs nothing
+        self._draft_weights = None
         if local:
             from swarm.client.local import LocalEngine, open_local_model
 
@@ -71,6 +93,16 @@ class Client:
                 model, list(initial_peers), prefill_chunk_tokens=prefill_chunk_tokens
             )
             self._backend = "swarm"
+            if draft != "lookup":
+                from swarm.client.draftmodel import load_draft
+
+                try:
+                    self._draft_weights = load_draft(draft, self._engine.model_path,
+                                                     self._engine.manifest.model_id,
+                                                     whole=not is_model_id(model), n_threads=draft_threads)
+                except BaseException:
+                    self.close()
+                    raise
 
     def stream(
         self,
@@ -182,9 +214,11 @@ class Client:
         """
         return self._stream(list(tokens), max_new_tokens, temperature, top_p, top_k, seed, stop, speculate)
 
-    def _draft(self) -> Draft:
-        """A new draft for one generation."""
-        return PromptLookup()
+    def _draft(self, n_tokens: int) -> Draft:
+        """A new draft for one generation of at most `n_tokens` tokens (prompt + generated)."""
+        if self._draft_weights is None:
+            return PromptLookup()
+        return self._draft_weights.draft(n_tokens)
 
     def close(self) -> None:
         """Release the swarm connection (a no-op for the local backend)."""
@@ -216,10 +250,10 @@ class Client:
         except TypeError:
             raise RequestError("stop must be a list of strings") from None
         sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        speculation = None
+        req = GenerationRequest(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop))
         if speculate:
-            speculation = Speculation(self._draft(), k=speculate, group_rows=self.verify_group_rows,
-                                      adaptive=self.adaptive_speculation)
-        req = GenerationRequest(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop),
-                                speculation=speculation)
+            check_request(len(tokens), req, self._engine.context_limit)  # the draft is sized by it
+            req = dataclasses.replace(req, speculation=Speculation(
+                self._draft(len(tokens) + max_new_tokens), k=speculate, group_rows=self.verify_group_rows,
+                adaptive=self.adaptive_speculation))
         return TokenStream(self._engine, self.tokenizer, tokens, req, backend=self._backend)

@@ -44,7 +44,8 @@ class Speculation:
     """How a request speculates.
 
     Attributes:
-        draft: proposes the tokens (one Draft per generation: a draft model keeps state).
+        draft: proposes the tokens (one Draft per generation: a draft model keeps state); its
+            `close()`, where it has one, is called when the generation ends.
         k: drafted tokens per verify pass at most (1..MAX_VERIFY_ROWS - 1).
         group_rows: rows per step of a verify pass (swarm/spec/verify.py `verify_steps`); None: the
             largest group every hop proved exact at load (each row computes as its decode step would,
@@ -218,6 +219,8 @@ class TokenStream:
                     break
         finally:
             session.close()
+            if self._req.speculation is not None and hasattr(self._req.speculation.draft, "close"):
+                self._req.speculation.draft.close()  # a draft model's context goes back to its pool
         decoder.finish()
         yield from self._give_out(decoder.text, final=True)
         self.telemetry.finalize((time.perf_counter() - t0) * 1000.0)

@@ -71,9 +71,13 @@ class RemoteEngine:
         reuse_prefixes: offer the prompt's prefix hashes to every hop so that peers holding a
             snapshot of a shared prefix restore it instead of computing it (swarm/kv/prefix.py);
             never on a model whose hops cannot roll back (`rollback_exact`).
+        model_path: the model's GGUF as this client holds it (the whole file, or for a model_id
+            its header and token embeddings), or None.
     Raises:
         RequestError: prefill_chunk_tokens off the grid (`swarm.numeric.check_chunk_tokens`).
     Attributes:
+        manifest: the model's manifest.
+        model_path: as given.
         directory: the peers' announcements and measured RTTs.
         transport: opens the hops' streams; `transport.direct = False` keeps them on libp2p.
         push: chain each route for server push (swarm/client/session.py); False: relay every step.
@@ -93,10 +97,12 @@ class RemoteEngine:
         prefill_chunk_tokens: int = 256,
         policy: FailoverPolicy | None = None,
         reuse_prefixes: bool = True,
+        model_path: Path | None = None,
     ):
         check_chunk_tokens(prefill_chunk_tokens)
         self._conn = conn
-        self._manifest = manifest
+        self.manifest = manifest
+        self.model_path = model_path
         self._embedder = embedder
         self._chunk = prefill_chunk_tokens
         row = arch_row(manifest.arch)
@@ -126,7 +132,7 @@ class RemoteEngine:
         by the first `prefill`, which knows the prompt's prefix hashes to offer the hops.
         """
         spec = SessionSpec(
-            self._manifest.model_id, self._conn.dht.peer_id, self._manifest.n_layers, n_tokens, sampling,
+            self.manifest.model_id, self._conn.dht.peer_id, self.manifest.n_layers, n_tokens, sampling,
             token_ids=self._token_ids, rollback_exact=self.rollback_exact,
         )
         route = RouteSession(
@@ -166,7 +172,7 @@ class RemoteEngine:
         async def read() -> int:
             spans = await self.directory.peers(self.exclusions.active(time.monotonic()), False)
             exclude = self.exclusions.active(time.monotonic(), {s.peer_id: s.incarnation for s in spans})
-            return route_room(spans, self._manifest.n_layers, exclude=exclude)
+            return route_room(spans, self.manifest.n_layers, exclude=exclude)
 
         room = self._conn.loop.run(read(), CALL_TIMEOUT_S)
         return min(room, self.context_limit) if room > 0 else None
@@ -290,7 +296,7 @@ def connect_swarm(
     except BaseException:
         conn.close()
         raise
-    return tokenizer, RemoteEngine(conn, manifest, embedder, prefill_chunk_tokens)
+    return tokenizer, RemoteEngine(conn, manifest, embedder, prefill_chunk_tokens, model_path=path)
 
 
 async def _fetch_client_artifacts(dht: SwarmDHT, model_id: str) -> tuple[Path, Manifest]:

@@ -51,12 +51,15 @@ scores and types) are only measured."""
 @dataclass(frozen=True)
 class GGUFHeader:
     """Scalars (ints, floats, bools, strings) by key; every array's length, and the values of the
-    numeric ones of at most SMALL_ARRAY_LEN elements (`small_arrays`, as lists)."""
+    numeric ones of at most SMALL_ARRAY_LEN elements (`small_arrays`, as lists); `array_spans`: the
+    file's bytes [start, end) of every array's value (element type, length and elements: two arrays
+    are equal exactly when these bytes are)."""
 
     scalars: dict[str, object]
     array_lengths: dict[str, int]
     tensors: dict[str, TensorEntry]
     small_arrays: dict[str, list] = field(default_factory=dict)
+    array_spans: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def scan(path: Path) -> GGUFHeader:
@@ -92,10 +95,12 @@ def _parse(m: mmap.mmap) -> GGUFHeader:
     scalars: dict[str, object] = {}
     arrays: dict[str, int] = {}
     small: dict[str, list] = {}
+    spans: dict[str, tuple[int, int]] = {}
     for _ in range(n_kv):
         key, pos = _string(m, pos)
         (vtype,), pos = struct.unpack_from("<I", m, pos), pos + 4
         if vtype == _ARRAY:
+            start = pos
             (sub, length), pos = struct.unpack_from("<IQ", m, pos), pos + 12
             if length > MAX_GGUF_ARRAY_LEN:
                 raise ValueError(f"array {key[:64]!r} of {length} elements: over {MAX_GGUF_ARRAY_LEN}")
@@ -104,6 +109,7 @@ def _parse(m: mmap.mmap) -> GGUFHeader:
                 fmt = f"<{length}{_SCALAR_FMT[sub]}"
                 small[key] = list(struct.unpack_from(fmt, m, pos))
             pos = _skip_array(m, pos, sub, length)
+            spans[key] = (start, pos)
         else:
             scalars[key], pos = _value(m, pos, vtype)
     tensors: dict[str, TensorEntry] = {}
@@ -124,7 +130,8 @@ def _parse(m: mmap.mmap) -> GGUFHeader:
     data_start = (pos + align - 1) // align * align
     for name, ggml_type, dims, offset in raw:
         tensors[name] = TensorEntry(ggml_type=ggml_type, dims=tuple(dims), offset=data_start + offset)
-    return GGUFHeader(scalars=scalars, array_lengths=arrays, tensors=tensors, small_arrays=small)
+    return GGUFHeader(scalars=scalars, array_lengths=arrays, tensors=tensors, small_arrays=small,
+                      array_spans=spans)
 
 
 def _string(m: mmap.mmap, pos: int) -> tuple[str, int]:

@@ -8,5 +8,6 @@ Files:
     verify.py: pure — the rows of a verify pass, the steps they are computed as, the accepted prefix
         of a draft given the tokens the last span sampled for every row, and the acceptance counts.
 
-Nothing here does I/O, awaits or reads a clock; swarm/client/ sends the verify passes.
+Nothing here does I/O, awaits or reads a clock; swarm/client/ sends the verify passes, and runs the
+draft models (swarm/client/draftmodel.py: a GGUF with the target's tokenizer, on llama.cpp).
 """

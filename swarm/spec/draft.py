@@ -7,7 +7,9 @@ token at a time, and the client keeps the drafted tokens up to the first that di
 `PromptLookup` (prompt lookup decoding, as llama.cpp's `ngram` speculative mode and the `transformers`
 `prompt_lookup_num_tokens` option do it) needs no model: it finds the latest earlier occurrence of the
 text's last n tokens and proposes the tokens that followed it. It pays on text that copies its
-context (editing code, quoting a document) and proposes nothing on novel text.
+context (editing code, quoting a document) and proposes nothing on novel text. A draft model (a
+GGUF with the target's tokenizer, e.g. the target requantized lower) guesses novel text too; it runs
+on llama.cpp, so it lives with the client's other I/O: swarm/client/draftmodel.py.
 
 This module does not: verify, sample, or touch a network or a model.
 """
@@ -21,7 +23,8 @@ import numpy as np
 
 
 class Draft(Protocol):
-    """A source of drafted tokens for one generation."""
+    """A source of drafted tokens for one generation. A draft holding resources (a draft model's
+    context: swarm/client/draftmodel.py) also has `close()`, which the generation calls at its end."""
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         """Guess up to `k` tokens that follow `tokens` (the prompt and every token generated so far).

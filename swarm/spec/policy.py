@@ -12,7 +12,10 @@ on one machine's loopback) and stays on where round trips dominate a pass (a WAN
 
 While off, the draft still proposes now and then (shadow drafts, every `probe_every` steps): each
 is compared with the tokens then decoded, so the acceptance keeps being learned at no cost to the
-route, and speculation comes back when the text starts to copy its context.
+route, and speculation comes back when the text starts to copy its context. A draft model's shadow
+is not free: it first catches up on every token decoded since its last proposal, so shadows are
+drawn only from drafts that cost at most SHADOW_SHARE of a plain step per token (prompt lookup); a
+draft model's acceptance hardly depends on whether the text copies, and its passes measured it.
 
 This module does not: time anything, draft, or touch the route. The generation loop
 (swarm/client/generate.py) feeds it measurements in ms and asks it for k.
@@ -26,6 +29,11 @@ from dataclasses import dataclass, field
 DECAY = 0.9
 """Weight left to an earlier observation at each new one: the fit follows about the last 10 passes
 (the route, its load and the text's predictability drift within one generation)."""
+
+SHADOW_SHARE = 0.05
+"""Shadow drafts only from a draft whose time per drafted token is at most this share of a plain
+step: a shadow then costs at most about that share of the steps it spans (the draft catches up on
+each of them). Prompt lookup: next to nothing; a self-draft: about a step."""
 
 PRIOR_ACCEPTANCE = 0.5
 """Acceptance assumed before any draft was checked, worth `PRIOR_WEIGHT` drafted tokens."""
@@ -111,7 +119,12 @@ class KPolicy:
         return max(range(self.k_max + 1), key=lambda k: (rate[k], -k))
 
     def wants_shadow(self) -> bool:
-        """After `choose()` said 0: whether to draft anyway, only to learn the acceptance."""
+        """After `choose()` said 0: whether to draft anyway, only to learn the acceptance: every
+        `probe_every` steps, and never from a draft that costs more than SHADOW_SHARE of a plain
+        step per token."""
+        line = self._fit.line()
+        if line is not None and self._draft_ms_per_token > SHADOW_SHARE * line[0]:
+            return False
         self._since_probe += 1
         if self._since_probe < self.probe_every:
             return False

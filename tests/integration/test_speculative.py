@@ -1,7 +1,8 @@
 """Speculative decoding over a real route: the text equals plain decoding, token for token.
 
-Prompt-lookup drafts on SmolLM2 (the session's shared swarm, 0:10 / 10:20 / 20:30) and on Qwen2.5
-0.5B (a swarm of its own, `slow`). Each verify pass carries the last token and up to k drafted
+Prompt-lookup drafts and the self-draft (the model requantized to Q3_K_M, run in the client) on
+SmolLM2 (the session's shared swarm, 0:10 / 10:20 / 20:30) and on Qwen2.5 0.5B (a swarm of its own,
+`slow`). Each verify pass carries the last token and up to k drafted
 tokens through every hop in one frame; the last span samples every row, the client keeps the
 drafted tokens up to the first that differs, and every hop rolls the rest back on the next step
 (`Forward.rewind`). A pass is computed in groups of the rows every span proved at load to compute
@@ -17,6 +18,7 @@ from __future__ import annotations
 import pytest
 
 from swarm import Client
+from swarm.errors import ModelError
 from tests.helpers.oracle import PROMPT
 from tests.helpers.peers import PeerSet, serve_args
 
@@ -74,6 +76,43 @@ def test_seeded_sampling_speculative_text_equals_plain_sampling(smol_swarm, smol
     assert got.tokens == plain.tokens
 
 
+NOVEL_PROMPT = ("Write a short story about a lighthouse keeper who finds a message in a bottle.\n\n"
+                "Once upon a time,")
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+@pytest.mark.parametrize("prompt", [PROMPT, NOVEL_PROMPT], ids=["parity", "novel"])
+def test_greedy_tokens_with_the_self_draft_equal_plain_decoding(smol_swarm, smollm2_path, prompt, adaptive):
+    # The self-draft (SmolLM2 requantized to Q3_K_M, run in this process: swarm/client/draftmodel.py)
+    # guesses novel text too; its guesses are checked as prompt lookup's are.
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs, draft="self",
+                adaptive_speculation=adaptive) as client:
+        plain = client.generate(prompt, max_new_tokens=N_NEW)
+        got = client.generate(prompt, max_new_tokens=N_NEW, speculate=4)
+        again = client.generate(prompt, max_new_tokens=N_NEW, speculate=4)  # the draft's pooled context
+    assert got.tokens == plain.tokens and again.tokens == plain.tokens
+    s = got.telemetry.speculation
+    assert s.passes >= 1 and s.accepted + s.passes + 1 <= len(got.tokens)
+    if not adaptive:
+        # a greedy draft of the same weights at another quantization: most guesses are kept
+        assert s.rate > 0.5 and s.tokens_per_pass > 2.5
+
+
+def test_seeded_sampling_with_the_self_draft_equals_plain_sampling(smol_swarm, smollm2_path):
+    # a draft model's greedy guess is a single guess: kept where the seeded draw equals it
+    sampling = dict(temperature=0.8, top_p=0.95, seed=7)
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs, draft="self",
+                adaptive_speculation=False) as client:
+        plain = client.generate(NOVEL_PROMPT, max_new_tokens=N_NEW, **sampling)
+        got = speculated(client, NOVEL_PROMPT, **sampling)
+    assert got.tokens == plain.tokens
+
+
+def test_a_draft_model_of_another_tokenizer_is_refused(smol_swarm, smollm2_path, gemma_path):
+    with pytest.raises(ModelError, match=r"cannot draft for .*smollm2-135m.gguf: its tokenizer differs"):
+        Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs, draft=str(gemma_path))
+
+
 @pytest.fixture(scope="module")
 def qwen_swarm(qwen_path, tmp_path_factory):
     ps = PeerSet(tmp_path_factory.mktemp("qwen_spec"))
@@ -83,9 +122,12 @@ def qwen_swarm(qwen_path, tmp_path_factory):
     ps.stop_all()
 
 
-@pytest.mark.parametrize("prompt", [PROMPT, COPY_PROMPT], ids=["parity", "copy"])
-def test_greedy_speculative_tokens_equal_plain_decoding_on_qwen(qwen_swarm, qwen_path, prompt):
-    with Client(str(qwen_path), initial_peers=qwen_swarm.started[0].maddrs,
+@pytest.mark.parametrize(
+    "draft, prompt", [("lookup", PROMPT), ("lookup", COPY_PROMPT), ("self", NOVEL_PROMPT)],
+    ids=["parity", "copy", "self-draft-novel"],
+)
+def test_greedy_speculative_tokens_equal_plain_decoding_on_qwen(qwen_swarm, qwen_path, draft, prompt):
+    with Client(str(qwen_path), initial_peers=qwen_swarm.started[0].maddrs, draft=draft,
                 adaptive_speculation=False) as client:
         plain = client.generate(prompt, max_new_tokens=N_NEW)
         got = speculated(client, prompt)

@@ -187,6 +187,7 @@ def test_peers_accept_a_tiny_temperature_and_sample_greedily():
         (("--prompt", "hi", "--max-new-tokens", str(10**9)), "exceeds the product's hard cap of 131072"),
         (("--prompt", "hi", "--speculate", "-1"), "--speculate must be in [0, 63], got -1"),
         (("--prompt", "hi", "--speculate", "4"), "--speculate runs on the swarm"),
+        (("--prompt", "hi", "--draft", "self"), "--draft chooses the guesses of --speculate"),
     ],
 )
 def test_chat_refuses_bad_input_in_one_line_without_loading_a_model(capsys, extra, needle):

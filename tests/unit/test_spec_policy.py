@@ -63,6 +63,20 @@ def test_shadow_drafts_bring_speculation_back_when_the_text_turns_to_copying():
     assert p.acceptance > 0.9 and p.choose() > 0
 
 
+def test_a_costly_draft_draws_no_shadows():
+    # loopback: a plain step 25 ms, a draft model as slow as the target (20 ms a token) whose guesses
+    # are kept half the time: off, and no shadows (each would catch up on every step since the last)
+    costly = _trained(25.0, 20.0, 4, 2)
+    for _ in range(30):
+        costly.observe_draft(4, 80.0)
+    assert costly.choose() == 0
+    assert not any(costly.wants_shadow() for _ in range(64))
+    # prompt lookup's 0.01 ms a token is under 5% of a step: shadows every probe_every steps
+    cheap = _trained(25.0, 20.0, 4, 2)
+    cheap.observe_draft(4, 0.04)
+    assert [cheap.wants_shadow() for _ in range(16)].count(True) == 2
+
+
 def test_shadow_kept_waits_for_enough_decoded_tokens():
     assert shadow_kept([5, 6, 7], [5, 6]) is None
     assert shadow_kept([5, 6, 7], [5, 6, 7, 8]) == 3
