@@ -1,6 +1,6 @@
 """Prefix KV snapshots on real peers: Qwen 0.5B as 0:8 / 8:16 / 16:24 on 127.0.0.1.
 
-Two sessions share a ~1,200-token system prompt: the second restores it on every hop; a fresh 8:16
+Two sessions share a ~400-token system prompt (six 64-token chunks of prefix): the second restores it on every hop; a fresh 8:16
 peer that joins later fetches the snapshot from the first 8:16 peer; a holder that serves damaged
 snapshots is refused with a logged reason. Every answer equals llama.cpp's whole model (greedy,
 flash attention on) on the same full prompt. Behaviour only, never timings (see
@@ -19,7 +19,7 @@ from tests.helpers.peers import serve_args, wait_for
 pytestmark = pytest.mark.slow
 
 SYSTEM = "".join(
-    f"Rule {i}: about topic {i}, answer politely, concisely and only with facts.\n" for i in range(40)
+    f"Rule {i}: about topic {i}, answer politely, concisely and only with facts.\n" for i in range(18)
 )
 QUESTIONS = (
     "Question: what is the capital of France?\nAnswer:",
@@ -51,8 +51,8 @@ def test_shared_prefix_is_restored_fetched_and_exact(qwen_path, tmp_path):
     ps = PeerSet(tmp_path)
     try:
         first = ps.start("a", *serve_args(qwen_path, "0:8", "--new-swarm", "--announce-period", "2"))
-        m1 = ps.start("m1", *_serve(qwen_path, "8:16", first, "--max-sessions", "1"))
-        ps.start("z", *_serve(qwen_path, "16:24", first))
+        m1, _ = ps.start_together([("m1", _serve(qwen_path, "8:16", first, "--max-sessions", "1")),
+                                   ("z", _serve(qwen_path, "16:24", first))])
         with Client(str(qwen_path), initial_peers=first.maddrs) as client:
             g1 = client.generate(prompts[0], max_new_tokens=N_NEW)
             g2 = client.generate(prompts[1], max_new_tokens=N_NEW)
@@ -87,10 +87,10 @@ def test_tampered_snapshot_is_rejected_and_the_answer_is_still_right(qwen_path, 
     ps = PeerSet(tmp_path)
     try:
         first = ps.start("a", *serve_args(qwen_path, "0:8", "--new-swarm", "--announce-period", "2"))
-        bad = ps.start(
-            "m1", *_serve(qwen_path, "8:16", first, "--max-sessions", "1", "--debug-tamper-snapshots", tamper)
-        )
-        ps.start("z", *_serve(qwen_path, "16:24", first))
+        bad, _ = ps.start_together([
+            ("m1", _serve(qwen_path, "8:16", first, "--max-sessions", "1", "--debug-tamper-snapshots", tamper)),
+            ("z", _serve(qwen_path, "16:24", first)),
+        ])
         with Client(str(qwen_path), initial_peers=first.maddrs) as client:
             client.generate(prompts[0], max_new_tokens=2)
             held = client.stream("Hello", max_new_tokens=64)

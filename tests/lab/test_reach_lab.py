@@ -66,9 +66,7 @@ def test_peers_behind_nat_without_forwards_are_reported_unreachable_not_missing(
         assert report["unreachable_why"].startswith("2 of them announce private reachability: behind a NAT")
         assert [(p["answered"], p["reachability"]) for p in report["peers"]] == [(False, "private")] * 2
 
-        table = swarm_in(lab, "client", "status", "--model", str(smollm2_path), "--initial-peers", dht.maddrs[0])
-        assert "layers 0:30 announced but unreachable: 2 peer(s) serving them did not answer" in table.stdout
-        assert "not covered" not in table.stdout
+        # (the table says it from the same report: tests/unit/test_status.py, test_reachability_peers.py)
 
         chat = swarm_in(lab, "client", "chat", "--model", str(smollm2_path), "--initial-peers", dht.maddrs[0],
                         "--raw", "--prompt", "Hello", "--max-new-tokens", "2")
