@@ -80,8 +80,8 @@ NOVEL_PROMPT = ("Write a short story about a lighthouse keeper who finds a messa
                 "Once upon a time,")
 
 
-@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
-@pytest.mark.parametrize("prompt", [PROMPT, NOVEL_PROMPT], ids=["parity", "novel"])
+@pytest.mark.parametrize("prompt, adaptive", [(PROMPT, False), (NOVEL_PROMPT, True)],
+                         ids=["parity-fixed", "novel-adaptive"])
 def test_greedy_tokens_with_the_self_draft_equal_plain_decoding(smol_swarm, smollm2_path, prompt, adaptive):
     # The self-draft (SmolLM2 requantized to Q3_K_M, run in this process: swarm/client/draftmodel.py)
     # guesses novel text too; its guesses are checked as prompt lookup's are.
