@@ -20,13 +20,14 @@ import os
 import re
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+import numpy as np
+from gguf import GGUFValueType
 
 from swarm.errors import ModelError
 from swarm.ggml_bridge.gguf_header import scan
+from swarm.ggml_bridge.gguf_raw import RawArrayWriter, add_raw_tensor, read_array
 
 SPLIT_NO = "split.no"
 SPLIT_COUNT = "split.count"
@@ -129,30 +130,29 @@ def merged_model(path: Path, cache: Path, progress: bool = False) -> Path:
 
 
 def _merge(shards: list[Path], out: Path, progress: bool) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # gguf warns (and goes on) about duplicate keys
-        readers = [GGUFReader(s, "r") for s in shards]
-    first = readers[0]
-    arch = first.fields["general.architecture"].contents()
-    want = first.fields[SPLIT_TENSORS_COUNT].contents()
-    have = sum(len(r.tensors) for r in readers)
+    headers = [scan(s) for s in shards]
+    first = headers[0]
+    arch = str(first.scalars["general.architecture"])
+    want = first.scalars[SPLIT_TENSORS_COUNT]
+    have = sum(len(h.tensors) for h in headers)
     if have != want:
         raise ModelError(f"{shards[0]}: the shards hold {have} tensors; {SPLIT_TENSORS_COUNT} says {want}")
-    writer = GGUFWriter(out, arch)
-    for key, field in first.fields.items():
-        if key.startswith(("GGUF.", "split.")) or key == "general.architecture":
+    writer = RawArrayWriter(out, arch)
+    for key, vtype in first.value_types.items():
+        if key.startswith("split.") or key == "general.architecture":
             continue
-        vtype = field.types[0]
         if key == _ALIGNMENT_KEY:
-            writer.data_alignment = int(field.contents())
+            writer.data_alignment = int(first.scalars[key])
         if vtype == GGUFValueType.ARRAY:
-            writer.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
+            writer.add_key_value(key, read_array(shards[0], first, key), GGUFValueType.ARRAY,
+                                 sub_type=GGUFValueType(first.array_types[key]))
         else:
-            writer.add_key_value(key, field.contents(), vtype)
-    for reader in readers:
-        for t in reader.tensors:
-            # raw bytes unchanged; the memmap is read only when the file is written
-            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+            writer.add_key_value(key, first.scalars[key], GGUFValueType(vtype))
+    for shard, header in zip(shards, headers):
+        data = np.memmap(shard, dtype=np.uint8, mode="r")
+        for name, entry in header.tensors.items():
+            # raw bytes unchanged; the map is read only when the file is written
+            add_raw_tensor(writer, name, data, entry)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file(progress=progress)

@@ -53,13 +53,16 @@ class GGUFHeader:
     """Scalars (ints, floats, bools, strings) by key; every array's length, and the values of the
     numeric ones of at most SMALL_ARRAY_LEN elements (`small_arrays`, as lists); `array_spans`: the
     file's bytes [start, end) of every array's value (element type, length and elements: two arrays
-    are equal exactly when these bytes are)."""
+    are equal exactly when these bytes are); `value_types`: every key's GGUF value type (a
+    gguf.GGUFValueType number), in the file's order, and `array_types` every array's element type."""
 
     scalars: dict[str, object]
     array_lengths: dict[str, int]
     tensors: dict[str, TensorEntry]
     small_arrays: dict[str, list] = field(default_factory=dict)
     array_spans: dict[str, tuple[int, int]] = field(default_factory=dict)
+    value_types: dict[str, int] = field(default_factory=dict)
+    array_types: dict[str, int] = field(default_factory=dict)
 
 
 def scan(path: Path) -> GGUFHeader:
@@ -96,12 +99,17 @@ def _parse(m: mmap.mmap) -> GGUFHeader:
     arrays: dict[str, int] = {}
     small: dict[str, list] = {}
     spans: dict[str, tuple[int, int]] = {}
+    vtypes: dict[str, int] = {}
+    subtypes: dict[str, int] = {}
     for _ in range(n_kv):
         key, pos = _string(m, pos)
         (vtype,), pos = struct.unpack_from("<I", m, pos), pos + 4
+        vtypes.pop(key, None)  # a duplicate key: the last value counts, at its own place
+        vtypes[key] = vtype
         if vtype == _ARRAY:
             start = pos
             (sub, length), pos = struct.unpack_from("<IQ", m, pos), pos + 12
+            subtypes[key] = sub
             if length > MAX_GGUF_ARRAY_LEN:
                 raise ValueError(f"array {key[:64]!r} of {length} elements: over {MAX_GGUF_ARRAY_LEN}")
             arrays[key] = length
@@ -131,7 +139,7 @@ def _parse(m: mmap.mmap) -> GGUFHeader:
     for name, ggml_type, dims, offset in raw:
         tensors[name] = TensorEntry(ggml_type=ggml_type, dims=tuple(dims), offset=data_start + offset)
     return GGUFHeader(scalars=scalars, array_lengths=arrays, tensors=tensors, small_arrays=small,
-                      array_spans=spans)
+                      array_spans=spans, value_types=vtypes, array_types=subtypes)
 
 
 def _string(m: mmap.mmap, pos: int) -> tuple[str, int]:

@@ -14,9 +14,11 @@ file keeps them, renumbered after its own blocks, with the key and their entries
 (and `token_embd`, which the head embeds its tokens with, when the block has no
 `nextn.embed_tokens`); other spans drop them. Other rows refuse such a GGUF.
 
-Reading goes through `gguf.GGUFReader`, which memory-maps the source: only the header and the
-byte ranges of the copied tensors are read, so a sparse, partially downloaded copy of the GGUF
-works as long as the span's tensors are present.
+Reading goes through the bounded header scan (`gguf_header`) and a memory map of the source: only
+the header and the byte ranges of the copied tensors are read, so a sparse, partially downloaded
+copy of the GGUF works as long as the span's tensors are present. Arrays other than per-layer ones
+(the vocabulary) are copied as raw bytes (`gguf_raw`): `gguf.GGUFReader` took 13-25 s per span to
+materialise a 151k- or 262k-token vocabulary.
 
 This module runs nothing and does not download anything.
 """
@@ -31,13 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
-from gguf.gguf_reader import ReaderField
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from swarm.arch import MTP_LAYERS_KEY, ArchRow, LayerTable, SwaPattern, arch_row
 from swarm.errors import ModelError
 from swarm import span_rules
 from swarm.ggml_bridge.gguf_header import GGUFHeader, scan
+from swarm.ggml_bridge.gguf_raw import RawArrayWriter, add_raw_tensor, read_array, tensor_bytes
 
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 _HEAD_TENSORS = ("output.weight", "output.bias")
@@ -155,19 +157,20 @@ def build_span(model_path: Path, start: int, end: int, cache_dir: Path | None = 
     dest = out_dir / f"{ident[:16]}-{start}-{end}.gguf"
     if dest.exists():
         return dest
-    reader = _open(model_path)
+    header = scan(model_path)
     n_mtp = mtp_layers(model_path)
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".part", dir=out_dir)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        writer = GGUFWriter(tmp, arch)
+        writer = RawArrayWriter(tmp, arch)
         is_last = end == n_layers
-        meta = arch_metadata(scan(model_path), arch)
+        meta = arch_metadata(header, arch)
         keep_mtp = n_mtp if is_last else 0  # only the final span serves the head (_refuse_span)
-        _copy_metadata(reader, writer, row, start, end, n_layers, keep_mtp, is_last, meta)
-        _copy_tensors(reader, writer, start, end, n_layers, keep_mtp, is_last, row.residual_input)
+        _copy_metadata(model_path, header, writer, row, start, end, n_layers, keep_mtp, is_last, meta)
+        data = _map(model_path)
+        _copy_tensors(header, data, writer, start, end, n_layers, keep_mtp, is_last, row.residual_input)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -203,29 +206,30 @@ def _refuse_span(model_path: Path, row: ArchRow, start: int, end: int, n_layers:
         raise ValueError(why)
 
 
-def _open(path: Path) -> GGUFReader:
+def _map(path: Path) -> np.memmap:
+    """The whole file as read-only uint8 (a sparse copy maps too: only copied tensors are read)."""
     try:
-        return GGUFReader(path, "r")
+        return np.memmap(path, dtype=np.uint8, mode="r")
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot read GGUF {path}: {e}") from e
 
 
-def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: int, end: int,
-                   n_layers: int, keep_mtp: int, is_last: bool, meta: dict[str, Any]) -> None:
+def _copy_metadata(path: Path, header: GGUFHeader, writer: GGUFWriter, row: ArchRow, start: int,
+                   end: int, n_layers: int, keep_mtp: int, is_last: bool, meta: dict[str, Any]) -> None:
     """Metadata of span [start, end): per-layer arrays (one value per block of the source, MTP
     blocks included) cut to the span's blocks, then its `keep_mtp` MTP blocks' values; the MTP key
-    only where the span keeps them."""
+    only where the span keeps them. Other arrays (the vocabulary) are copied as their raw bytes."""
     arch = row.name
     prefix = f"{arch}."
     per_layer = {prefix + k for k in row.per_layer_keys}
     leading = {prefix + k for k in row.leading_count_keys}
-    n_blocks = int(reader.fields[f"{arch}.block_count"].contents())
+    n_blocks = int(header.scalars[f"{arch}.block_count"])
     dropped = set() if keep_mtp else {prefix + MTP_LAYERS_KEY}
-    no_window = _windows_unused(reader, meta, row, start, end, n_layers)
+    no_window = _windows_unused(header, meta, row, start, end, n_layers)
     # a span that reads token ids validates them against its vocabulary (and indexes tables by them)
     keeps_vocab = is_last or _reads_token_ids(row, meta, start)
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in dropped:
+    for key, vtype in header.value_types.items():
+        if key == "general.architecture" or key in dropped:
             continue
         if key in no_window:
             # no layer of the span uses the window: llama.cpp asserts is_swa_any() when a model has
@@ -235,7 +239,7 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: 
         if key in leading:
             # counts the model's first layers of a kind: in the span file they are the first
             # max(0, v - start) blocks (llama.cpp compares the file's block index with it)
-            writer.add_uint32(key, min(max(int(field.contents()) - start, 0), end - start))
+            writer.add_uint32(key, min(max(int(header.scalars[key]) - start, 0), end - start))
             continue
         if not keeps_vocab and key.startswith("tokenizer."):
             continue
@@ -244,22 +248,24 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: 
         if key == f"{arch}.block_count":
             writer.add_uint32(key, end - start + keep_mtp)
             continue
-        vtype = field.types[0]
-        if vtype == GGUFValueType.ARRAY:
-            sub = field.types[-1]
-            values = field.contents()
-            if key.startswith(prefix) and (key in per_layer or len(values) == n_blocks):
-                if len(values) != n_blocks:
-                    raise ModelError(f"per-layer key {key} has {len(values)} values for {n_blocks} blocks")
-                values = values[start:end] + values[n_layers:n_layers + keep_mtp]
-            writer.add_key_value(key, values, vtype, sub_type=sub)
+        if vtype != GGUFValueType.ARRAY:
+            writer.add_key_value(key, header.scalars[key], GGUFValueType(vtype))
+            continue
+        sub = GGUFValueType(header.array_types[key])
+        length = header.array_lengths[key]
+        if key.startswith(prefix) and (key in per_layer or length == n_blocks):
+            if length != n_blocks:
+                raise ModelError(f"per-layer key {key} has {length} values for {n_blocks} blocks")
+            values = header.small_arrays.get(key) or list(read_array(path, header, key))
+            writer.add_key_value(key, values[start:end] + values[n_layers:n_layers + keep_mtp],
+                                 GGUFValueType.ARRAY, sub_type=sub)
         else:
-            writer.add_key_value(key, field.contents(), vtype)
+            writer.add_key_value(key, read_array(path, header, key), GGUFValueType.ARRAY, sub_type=sub)
     for pat in (row.swa_pattern, *row.derived_layer_keys):
         if pat is not None:
-            _write_derived(reader, writer, row.name, pat, start, end, n_layers)
+            _write_derived(header, writer, row.name, pat, start, end, n_layers)
     for suffix, value in row.default_keys:
-        if f"{arch}.{suffix}" not in reader.fields:
+        if f"{arch}.{suffix}" not in header.value_types:
             writer.add_uint32(f"{arch}.{suffix}", value)
     if not keeps_vocab:
         writer.add_string("tokenizer.ggml.model", "no_vocab")
@@ -271,46 +277,46 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, row: ArchRow, start: 
     writer.add_uint32(SPAN_N_LAYERS_KEY, n_layers)
 
 
-def _windows_unused(reader: GGUFReader, meta: dict[str, Any], row: ArchRow, start: int, end: int,
+def _positive_scalar(header: GGUFHeader, key: str) -> bool:
+    value = header.scalars.get(key)
+    return isinstance(value, (int, float)) and value > 0
+
+
+def _windows_unused(header: GGUFHeader, meta: dict[str, Any], row: ArchRow, start: int, end: int,
                     n_layers: int) -> set[str]:
     """Window keys (`<arch>.<window_key_suffix>`) of patterns none of whose span layers is flagged."""
     out = set()
     for pat in (row.swa_pattern, *row.derived_layer_keys):
         if not isinstance(pat, SwaPattern) or pat.window_key_suffix is None:
             continue
-        window = reader.fields.get(f"{row.name}.{pat.window_key_suffix}")
-        if window is None or window.contents() <= 0:
+        key = f"{row.name}.{pat.window_key_suffix}"
+        if not _positive_scalar(header, key):
             continue
         flags = span_rules.pattern_flags(row, pat, meta, n_layers)[start:end]
         if not any(flags):
-            out.add(f"{row.name}.{pat.window_key_suffix}")
+            out.add(key)
     return out
 
 
-def _write_derived(reader: GGUFReader, writer: GGUFWriter, arch: str, pat: SwaPattern | LayerTable,
+def _write_derived(header: GGUFHeader, writer: GGUFWriter, arch: str, pat: SwaPattern | LayerTable,
                    start: int, end: int, n_layers: int) -> None:
     """Write a per-layer array explicitly when the source leaves llama.cpp to derive it by index."""
     if isinstance(pat, LayerTable):
         key = f"{arch}.{pat.key_suffix}"
-        if key in reader.fields:
+        if key in header.value_types:
             return  # already per layer: cut by _copy_metadata
-        ctx_field = reader.fields.get(f"{arch}.context_length")
-        ctx = int(ctx_field.contents()) if ctx_field is not None else 0
+        ctx = int(header.scalars.get(f"{arch}.context_length", 0))
         values = pat.values(n_layers, ctx)[start:end]
         writer.add_key_value(key, values, GGUFValueType.ARRAY, sub_type=GGUFValueType.UINT32)
         return
-    if pat.window_key_suffix is not None:
-        window: ReaderField | None = reader.fields.get(f"{arch}.{pat.window_key_suffix}")
-        # (a span none of whose layers uses the window has it set to 0; the flags are harmless)
-        if window is None or window.contents() <= 0:
-            return
+    # (a span none of whose layers uses the window has it set to 0; the flags are harmless)
+    if pat.window_key_suffix is not None and not _positive_scalar(header, f"{arch}.{pat.window_key_suffix}"):
+        return
     key = f"{arch}.{pat.key_suffix}"
     array_key = f"{arch}.{pat.array_key_suffix}" if pat.array_key_suffix else key
-    field = reader.fields.get(key)
-    array_field = reader.fields.get(array_key)
-    if array_field is not None and array_field.types[0] == GGUFValueType.ARRAY:
+    if header.value_types.get(array_key) == GGUFValueType.ARRAY:
         return  # already per layer: cut by _copy_metadata
-    period = int(field.contents()) if field is not None else pat.default_period
+    period = int(header.scalars[key]) if key in header.scalars else pat.default_period
     flags = pat.flags(n_layers, period)[start:end]
     writer.add_key_value(array_key, flags, GGUFValueType.ARRAY, sub_type=GGUFValueType.BOOL)
 
@@ -345,49 +351,45 @@ def span_reads_token_ids(span_path: Path) -> bool:
     return _reads_token_ids(row, arch_metadata(header, arch), 0)
 
 
-def _copy_tensors(reader: GGUFReader, writer: GGUFWriter, start: int, end: int, n_layers: int,
-                  keep_mtp: int, is_last: bool, residual_input: bool) -> None:
+def _copy_tensors(header: GGUFHeader, data: np.memmap, writer: GGUFWriter, start: int, end: int,
+                  n_layers: int, keep_mtp: int, is_last: bool, residual_input: bool) -> None:
     """Tensors of span [start, end): its blocks renumbered from 0, then `keep_mtp` MTP blocks (the
     source's blocks n_layers.. renumbered from end - start), and the global tensors."""
     n_embd = None
-    has_head = any(t.name == _HEAD_TENSORS[0] for t in reader.tensors)
-    names = {t.name for t in reader.tensors}
+    names = header.tensors.keys()
+    has_head = _HEAD_TENSORS[0] in names
     # llama.cpp's MTP graph embeds its tokens with the block's own table, else with token_embd
     mtp_embeds = keep_mtp > 0 and any(f"blk.{n_layers + k}.nextn.embed_tokens.weight" not in names
                                       for k in range(keep_mtp))
-    for t in reader.tensors:
-        m = _BLOCK_RE.match(t.name)
+    for name, t in header.tensors.items():
+        m = _BLOCK_RE.match(name)
         if m:
             layer = int(m.group(1))
             if start <= layer < end:
-                _add_raw(writer, f"blk.{layer - start}.{m.group(2)}", t)
+                add_raw_tensor(writer, f"blk.{layer - start}.{m.group(2)}", data, t)
             elif n_layers <= layer < n_layers + keep_mtp:
-                _add_raw(writer, f"blk.{layer - n_layers + end - start}.{m.group(2)}", t)
+                add_raw_tensor(writer, f"blk.{layer - n_layers + end - start}.{m.group(2)}", data, t)
             continue
-        if t.name == _EMBD_TENSOR:
-            n_embd = int(t.shape[0])
+        if name == _EMBD_TENSOR:
+            n_embd = int(t.dims[0])
             if mtp_embeds:
-                _add_raw(writer, t.name, t)  # the MTP head reads it (the span's input does not)
+                add_raw_tensor(writer, name, data, t)  # the MTP head reads it (the span's input does not)
                 continue
             if residual_input and has_head:
                 continue  # the patched loader needs no embedding table in a span (ArchRow.residual_input)
             if is_last and not has_head:
-                _add_raw(writer, t.name, t)  # tied head: the embedding table is the head
+                add_raw_tensor(writer, name, data, t)  # tied head: the embedding table is the head
             elif is_last:
                 # llama.cpp requires token_embd [n_embd, n_vocab] but a span never reads it (hidden
                 # states come in): zeros of the same type (all-zero blocks decode to 0 in every ggml
                 # type), so no unfetched, unverified source byte enters the span file
-                writer.add_tensor(t.name, np.zeros_like(t.data), raw_dtype=t.tensor_type)
+                writer.add_tensor(name, np.zeros_like(tensor_bytes(data, t)),
+                                  raw_dtype=GGMLQuantizationType(t.ggml_type))
             else:
-                writer.add_tensor(t.name, np.zeros((1, n_embd), dtype=np.float32))
+                writer.add_tensor(name, np.zeros((1, n_embd), dtype=np.float32))
             continue
-        if t.name in _HEAD_TENSORS and not is_last:
+        if name in _HEAD_TENSORS and not is_last:
             continue
-        _add_raw(writer, t.name, t)
+        add_raw_tensor(writer, name, data, t)
     if n_embd is None:
         raise ModelError(f"GGUF has no {_EMBD_TENSOR}")
-
-
-def _add_raw(writer: GGUFWriter, name: str, t) -> None:
-    """Copy a tensor's bytes unchanged (the memmap is read only when the file is written)."""
-    writer.add_tensor(name, t.data, raw_dtype=t.tensor_type)
