@@ -87,16 +87,16 @@ def liar(swarm, client, smollm2_path, request):
     swarm.started.remove(peer)
 
 
-def assert_caught_and_dropped(s: TokenStream, liar_id: str, client) -> list:
-    """The liar was caught, its hop rebuilt on honest peers, the text rolled back to the token after
-    its first wrong row, and it is excluded and priced."""
+def assert_caught_and_dropped(s: TokenStream, liar_id: str, client, span: tuple[int, int] = (10, 20)) -> list:
+    """The liar (serving `span`) was caught, its hop rebuilt on honest peers, the text rolled back to
+    the token after its first wrong row, and it is excluded and priced."""
     t = s.telemetry
     of_liar = [c for c in t.checks if c.peer_id == liar_id]
     caught = [c for c in of_liar if c.verdict == "caught"]
     assert caught, [dataclasses.asdict(c) for c in t.checks]
     assert all(c.verdict == "ok" for c in t.checks if c.peer_id != liar_id)  # nobody else flagged
     [f] = t.failovers
-    assert (f.peer_id, f.reason, f.start, f.end) == (liar_id, FailureReason.WRONG_OUTPUT.value, 10, 20)
+    assert (f.peer_id, f.reason, f.start, f.end) == (liar_id, FailureReason.WRONG_OUTPUT.value, *span)
     assert liar_id not in [h.peer_id for h in t.route] and liar_id not in f.replacements
     first_wrong = next(c.first_outside for c in caught)
     assert f.rewound_to == max(first_wrong + 1, t.prompt_tokens) <= f.position
@@ -185,3 +185,40 @@ def test_rows_altered_between_pushing_peers_break_the_receipt_chain(liar, client
     # the first step pushed: the prompt, unless the push stream was not open yet (then a decode step)
     assert brk.position == 0 or brk.position >= s.telemetry.prompt_tokens
     assert s.result.text == expected
+
+
+@pytest.fixture(scope="module")
+def qwen_liar_swarm(qwen_path, tmp_path_factory):
+    """Qwen2.5-Coder-0.5B: 12:24, an honest 0:12 on 2 threads (the checks' replays) and a 0:12 peer
+    lying on every step on 1 thread, which boasts ten times its speed so that routes take it. (The
+    liar serves the first span: a check replays a hop whose output the next hop received, so the
+    last span, which answers tokens, is never the one checked.)"""
+    ps = PeerSet(tmp_path_factory.mktemp("verify_qwen"))
+    last = ps.start("q1", *serve_args(qwen_path, "12:24", "--new-swarm"))
+    join = ("--initial-peers", last.maddrs[0])
+    ps.start("h", *serve_args(qwen_path, "0:12", *join, "--threads", "2"))
+    ps.liar = ps.start("liar", *serve_args(qwen_path, "0:12", *join), env={"SWARM_TEST_LIE": "noise"})
+    ps.join = join
+    yield ps
+    ps.stop_all()
+
+
+def test_a_qwen_peer_lying_on_every_step_is_caught_and_the_text_repaired(qwen_liar_swarm, qwen_path,
+                                                                         tmp_path, monkeypatch):
+    """The same check on a second model, the replay crossing thread counts (the liar computes on 1,
+    the honest peer replays on 2) with Qwen's repacked Q4_K kernels: the liar is caught at its first
+    check, nobody else is flagged, and the text equals llama.cpp's whole model."""
+    monkeypatch.setenv("SWARM_HOME", str(tmp_path))
+    tokenizer, engine = connect_swarm(str(qwen_path), [qwen_liar_swarm.join[1]])
+    engine.settle_checks = True
+    liar_id = qwen_liar_swarm.liar.peer_id
+    try:
+        wait_for(lambda: any(s.peer_id == liar_id and 0 <= (s.rtt_ms or -1) < float("inf")
+                             for s in engine._conn.loop.run(engine.directory.peers(frozenset(), True), 30)),
+                 "the client measured the liar's RTT", 120)
+        s = generate((tokenizer, engine), CheckPolicy(seed=0))
+        [first, *_] = assert_caught_and_dropped(s, liar_id, (tokenizer, engine), span=(0, 12))
+        assert first.verdict == "caught" and first.decode_step == CheckPolicy().first_check_step
+        assert s.result.text == oracle(qwen_path, PROMPT, N_NEW)
+    finally:
+        engine.close()
