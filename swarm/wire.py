@@ -70,7 +70,7 @@ from swarm.limits import (
 )
 from swarm.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
-PROTOCOL_GENERATION = 7
+PROTOCOL_GENERATION = 8
 """Version of every frame below; a peer refuses frames of any other generation.
 
 2: prefix KV snapshots (`Open.prefixes`, `OpenOk.restorable` / `fetched_from`, `Forward.restore`).
@@ -543,6 +543,9 @@ class Forward(_Frame):
             that reads token ids refuses a Forward without them (swarm/peer/span.py), the others
             ignore them. A pushed Forward carries the ids it was sent with. Carried after the tensor
             bytes (4 B per row), so a long prefill's ids do not count against MAX_HEADER_BYTES.
+        want_draft: last span only: where the span runs the model's multi-token-prediction head
+            (`SpanExecutor.has_mtp`), also answer the head's draft of the token after the sampled
+            one (`Token.draft`); a span without a head answers no draft.
     """
 
     step: int = _wire(_Int(0, _U64))
@@ -558,6 +561,7 @@ class Forward(_Frame):
     )
     verify: bool = _wire(_Bool(), default=False)
     token_ids: np.ndarray = _wire(_Ids(MAX_VOCAB - 1), default_factory=lambda: np.zeros(0, _IDS))
+    want_draft: bool = _wire(_Bool(), default=False)
 
     def _relate(self) -> None:
         rows = self.hidden.shape[0]
@@ -612,6 +616,8 @@ class Token(_Frame):
         receipt: `receipt` of the input rows the peer computed (b"": none given).
         tokens: answering a verify pass (`Forward.verify`): the token sampled after each of its rows,
             the last one equal to `token`; else ().
+        draft: answering `Forward.want_draft` on a span with a multi-token-prediction head: the
+            head's greedy draft (argmax) of the token after `token`, one id per head block; else ().
     """
 
     step: int = _wire(_Int(0, _U64))
@@ -625,6 +631,7 @@ class Token(_Frame):
     logits: np.ndarray | None = _wire(_Tensor(MAX_VOCAB, optional=True), default=None)
     receipt: bytes = _wire(_Bytes(RECEIPT_BYTES, or_empty=True), default=b"")
     tokens: tuple[int, ...] = _wire(_Seq(_Int(0, MAX_VOCAB - 1), MAX_VERIFY_ROWS, "token ids"), default=())
+    draft: tuple[int, ...] = _wire(_Seq(_Int(0, MAX_VOCAB - 1), MAX_VERIFY_ROWS, "token ids"), default=())
 
     def _relate(self) -> None:
         if self.tokens and self.tokens[-1] != self.token:

@@ -85,6 +85,9 @@ class RemoteEngine:
         checks: what those checks share: the band of this model's quantization, the peers'
             standing (route pricing), where evidence of caught peers goes (`swarm status` reads it).
         settle_checks: a session's close waits for its checks in flight (tests, benchmarks).
+        mtp_drafts: ask the last span for its multi-token-prediction head's draft after every kept
+            token (`Forward.want_draft`; `GenerationTelemetry.mtp_drafts`). The generation loop
+            does not speculate with them yet: a span serving the head cannot roll its sequence back.
         rollback_exact: the model's hops can roll a sequence back (`ArchRow.rollback_exact`); the
             generation loop speculates only then (verify passes roll rejected rows back).
     """
@@ -122,6 +125,7 @@ class RemoteEngine:
         self.checks = CheckContext(self.check_policy, band_for(manifest.arch, quant_type(manifest.hparams)),
                                    Standing(self.check_policy), evidence_dir=resolve_data_dir(None))
         self.settle_checks = False
+        self.mtp_drafts = False
         self._rng = random.SystemRandom()
         self._sessions: set[RemoteSession] = set()
 
@@ -147,6 +151,7 @@ class RemoteEngine:
             rng=self._rng,
             push_addrs=self._push_addrs if self.push else None,
         )
+        route.mtp_drafts = self.mtp_drafts
         if self.check_policy is not None:
             ctx = dataclasses.replace(self.checks, policy=self.check_policy)
             route.checks = SpotChecks(ctx, spec, self.directory, self.transport, self.exclusions, self.policy,
@@ -214,7 +219,8 @@ class RemoteSession:
         self._loop.run(self.route.open(offers, lambda n: x[:n], len(tokens), prompt_ids=ids), CALL_TIMEOUT_S)
         token = None
         for i in range(self.route.pos, len(tokens), self._chunk):
-            step = self.route.step(x[i : i + self._chunk], token_ids=ids[i : i + self._chunk])
+            step = self.route.step(x[i : i + self._chunk], token_ids=ids[i : i + self._chunk],
+                                   draft=i + self._chunk >= len(tokens))
             token = self._loop.run(step, CALL_TIMEOUT_S)
         assert token is not None
         token = self._loop.run(self.route.verify_prefill(), CALL_TIMEOUT_S) or token
@@ -228,7 +234,8 @@ class RemoteSession:
                 back (swarm/client/session.py `Rewound`); `token` was not sent.
         """
         try:
-            step = self.route.step(self._embedder.embed([token]), token_ids=np.array([token], np.int32))
+            step = self.route.step(self._embedder.embed([token]), token_ids=np.array([token], np.int32),
+                                   draft=True)
             t = self._loop.run(step, CALL_TIMEOUT_S)
         except Rewound as r:
             raise Rewind(r.position, StepResult(token=r.token.token, logprob=r.token.logprob,
@@ -251,7 +258,7 @@ class RemoteSession:
     async def _verify(self, x, tokens: list[int], group_rows: int | None) -> list[int]:
         """Verify `tokens` (the last token, then the draft), embedded as `x`; keep the accepted rows."""
         t = await self.route.step(x, verify=True, group_rows=group_rows,
-                                  token_ids=np.asarray(tokens, dtype=np.int32))
+                                  token_ids=np.asarray(tokens, dtype=np.int32), draft=True)
         new = accepted(tokens[1:], t.tokens)
         self.route.keep(len(new))
         return new

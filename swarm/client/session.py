@@ -212,6 +212,10 @@ class RouteSession:
         self._push_addrs = push_addrs
         self.chained = False
         """The current route is chained: steps go out with `Forward.push`."""
+        self.mtp_drafts = False
+        """Ask the last span for its multi-token-prediction head's draft (`Forward.want_draft`) on
+        steps that say so (`step(draft=True)`); answers land in `telemetry.mtp_drafts`."""
+        self._want_draft = False
         self._exclusions, self.telemetry, self.policy = exclusions, telemetry, policy
         self._now, self._sleep, self._rng = now, sleep, rng
         self._hops: list[_Hop] = []
@@ -288,7 +292,7 @@ class RouteSession:
         return min((h.verify_rows for h in self._hops), default=1)
 
     async def step(self, x: np.ndarray, *, verify: bool = False, group_rows: int | None = None,
-                   token_ids: np.ndarray | None = None) -> Token:
+                   token_ids: np.ndarray | None = None, draft: bool = False) -> Token:
         """Run `x` (`[n, hidden]` float32, positions pos..pos+n-1) through every hop.
 
         A failed hop is replaced and replayed, and the step continues (see the module docstring).
@@ -298,6 +302,8 @@ class RouteSession:
             group_rows: a verify pass's rows per step (`Forward.steps`, recorded as such for replay);
                 None: the route's `verify_rows`, recorded as one-row steps (they compute as such).
             token_ids: `[n]` the rows' token ids; required with `spec.token_ids`, else ignored.
+            draft: with `mtp_drafts`, ask the last span for its MTP head's draft after the sampled
+                token (a step whose token is kept: a prompt's last chunk, a decode step).
         Returns:
             Token: the last hop's sampled token after the last row (`tokens`: after every row).
         Raises:
@@ -310,6 +316,7 @@ class RouteSession:
             raise ValueError(f"this model's Forwards carry token ids: give {x.shape[0]}, one per row")
         if await self._apply_checks():
             raise Rewound(self.pos, self._replayed_token)
+        self._want_draft = draft and self.mtp_drafts
         pos0, i, x0 = self.pos, 0, x
         if self.spec.token_ids:
             self._record_ids(pos0, token_ids)
@@ -348,6 +355,8 @@ class RouteSession:
             if isinstance(reply, Token):
                 self._last_pos0, self.pos = pos0, pos0 + x.shape[0]
                 self._stale = False
+                if reply.draft:  # drafting the token after the one sampled (at position pos)
+                    self.telemetry.mtp_drafts[self.pos + 1] = reply.draft
                 if self.checks is not None:
                     self.checks.after_step(x.shape[0], self._check_records)
                 return reply
@@ -429,7 +438,7 @@ class RouteSession:
         ids = self._row_ids(pos0, x.shape[0])
         frame = Forward(step=self._step, pos0=pos0, hidden=x, restore=hop.pending_restore,
                         push=push and not last, rewind=rewind and not hop.pending_restore, steps=steps,
-                        verify=verify, token_ids=ids)
+                        verify=verify, token_ids=ids, want_draft=self._want_draft)
         self._step += 1
         reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy, steps))
         hop.pending_restore = 0

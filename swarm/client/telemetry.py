@@ -144,6 +144,9 @@ class GenerationTelemetry:
         reused_tokens: prompt tokens restored from prefix snapshots on every hop (not computed).
         checks: spot checks of the route's hops, with the evidence of any peer caught.
         speculation: verify passes, drafted and accepted tokens when the request speculated, else None.
+        mtp_drafts: session position → the last span's multi-token-prediction head's draft of the
+            token at that position (`Forward.want_draft`, asked with `RemoteEngine.mtp_drafts` on
+            a model whose GGUF has the head); empty otherwise.
     """
 
     backend: str
@@ -160,6 +163,7 @@ class GenerationTelemetry:
     reused_tokens: int = 0
     checks: list[CheckEvent] = field(default_factory=list)
     speculation: Acceptance | None = None
+    mtp_drafts: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def finalize(self, total_ms: float) -> None:
         """Fill `total_ms` and `decode_tokens_per_s` from the per-token latencies."""

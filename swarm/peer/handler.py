@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from swarm.errors import Busy, ExecutorError, ProtocolError, RequestError, SwarmError
 from swarm.kv.prefix import owner_scoped
@@ -267,6 +267,11 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
         reply = await span.forward(slot, frame.pos0, frame.hidden, all_logits=all_logits, steps=frame.steps,
                                    finish=lambda out: _reply(span, frame, out, session.sampling, streams.liar),
                                    restore=restore, token_ids=frame.token_ids)
+        if frame.want_draft and isinstance(reply, Token) and span.has_mtp:
+            t0 = time.perf_counter()
+            draft = await span.mtp_draft(slot, reply.token)
+            reply = replace(reply, draft=draft,
+                            compute_ms=reply.compute_ms + (time.perf_counter() - t0) * 1000.0)
         if span.prefixes is not None and rules.keeps_prefix(prefixes.offers, prefixes.kept, slot.pos):
             prefixes.kept = True  # the whole offered prompt is in the cache: keep it once
             await span.keep_prefix(slot, prefixes.offers)

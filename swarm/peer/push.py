@@ -119,7 +119,8 @@ class PushState:
             stream = task.result()
             await stream.send(encode_frame(Forward(step=frame.step, pos0=frame.pos0, hidden=out, push=True,
                                                    rewind=frame.rewind, steps=frame.steps,
-                                                   verify=frame.verify, token_ids=frame.token_ids)))
+                                                   verify=frame.verify, token_ids=frame.token_ids,
+                                                   want_draft=frame.want_draft)))
             if after_push is not None:
                 after_push()
             return True

@@ -103,6 +103,23 @@ class Span:
         (the session's owner; "": the peer's own work); returns its result."""
         return await self.scheduler.call(fn, *args, client=client)
 
+    @property
+    def has_mtp(self) -> bool:
+        """The span runs the model's multi-token-prediction head (a last span whose file keeps it)."""
+        return self.executor.has_mtp
+
+    async def mtp_draft(self, slot: SessionSlot, token: int) -> tuple[int, ...]:
+        """The MTP head's greedy draft of the token after `token`, the token the session's next step
+        feeds at `slot.pos` (`SpanExecutor.mtp_draft`; the head's state is left as it was).
+
+        Returns:
+            (draft token id,): one per head block.
+        Raises:
+            ExecutorError: no head, an empty sequence, a token out of range, llama.cpp failed.
+        """
+        logits = await self.run(self.executor.mtp_draft, slot.seq_id, token, client=slot.owner)
+        return (int(np.argmax(logits)),)
+
     async def admit(self, session_id: bytes, owner: str, max_tokens: int, now_s: float) -> SessionSlot:
         """Open a session of `owner` reserving `max_tokens`, with an empty sequence.
 

@@ -8,7 +8,8 @@ push) each peer pushes them on with its output. A Forward without ids to a span 
 an Error frame, and the peer serves on. The cache cannot roll back into a sequence
 (`ArchRow.rollback_exact` False): killing the routed 1:2 peer mid-generation on a pushed route
 rebuilds the whole route into fresh sessions (a later hop may hold the step from a push), and the
-tokens stay the whole model's. That test kills a peer: it runs last.
+tokens stay the whole model's. That test kills a peer: it runs last. A second, two-peer swarm of
+the model with a multi-token-prediction block answers its head's drafts (`Forward.want_draft`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from swarm.client.telemetry import GenerationTelemetry
 from swarm.manifest import build_manifest
 from swarm.sampling import SamplingParams
 from swarm.wire import Error, ErrorCode, Forward, Hidden, Token, encode_frame
-from tests.helpers.oracle import PROMPT, run_oracle
+from tests.helpers.mtp_oracle import run_mtp_oracle
+from tests.helpers.oracle import N_DECODE, PROMPT, run_oracle
 from tests.helpers.peers import PeerSet, RawClient, serve_args, signal_tree
-from tests.helpers.synthetic import N_EMBD, write_synthetic
+from tests.helpers.synthetic import N_EMBD, N_VOCAB, deepseek4_mtp, write_synthetic
 
 SPANS = ("0:1", "1:2", "2:4")
 PEERS = {"p0": "0:1", "p1": "1:2", "p1b": "1:2", "p2": "2:4"}
@@ -115,14 +117,49 @@ def test_a_forward_without_token_ids_to_a_hash_routed_span_is_refused_and_the_pe
         assert not np.array_equal(diff.hidden[2], ok.hidden[2])
     finally:
         raw.close()
-    # and the last span, which reads no ids, takes a Forward without them
+    # and the last span, which reads no ids, takes a Forward without them; asked for a draft, this
+    # model's last span (no MTP head) answers none
     (tmp_path / "last").mkdir()
     last = RawClient(peers["p2"], build_manifest(path).model_id, tmp_path / "last", span=(2, 4))
     try:
         s = last.open_session()
-        assert isinstance(last.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=rows(2)))), Token)
+        answer = last.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=rows(2), want_draft=True)))
+        assert isinstance(answer, Token) and answer.draft == (), answer
     finally:
         last.close()
+
+
+@pytest.fixture(scope="module")
+def ds4_mtp(tmp_path_factory):
+    """The synthetic deepseek4 with one multi-token-prediction block on two peers, 0:2 and 2:4 (the
+    last span serves the head)."""
+    path = write_synthetic("deepseek4", tmp_path_factory.mktemp("ds4_mtp") / "ds4-mtp.gguf", spec=deepseek4_mtp())
+    ps = PeerSet(tmp_path_factory.mktemp("ds4_mtp_peers"))
+    first = ps.start("m0", *serve_args(path, "0:2", "--new-swarm"))
+    ps.start("m1", *serve_args(path, "2:4", "--initial-peers", first.maddrs[0]))
+    yield path, first
+    ps.stop_all()
+
+
+@pytest.mark.parametrize("push", [True, False], ids=["push", "relay"])
+def test_the_last_peer_answers_the_drafts_of_the_whole_models_mtp_head(ds4_mtp, push):
+    """With `mtp_drafts` every kept token's answer carries the last span's MTP draft of the token
+    after it: after the prompt and after every greedy step, each equals the argmax of llama.cpp's
+    MTP head on the whole model (tests/helpers/mtp_oracle.py), pushed route or relayed."""
+    path, first = ds4_mtp
+    prompt = run_oracle(path, TEXT).prompt
+    want = run_mtp_oracle(path, prompt, N_VOCAB)
+    want_drafts = np.argmax(want.draft_logits, axis=1).tolist()
+    assert len(set(want_drafts)) > 3  # random weights: the drafts vary, so equality is a real check
+    with Client(str(path), initial_peers=first.maddrs) as client:
+        client._engine.push = push  # noqa: SLF001 - the engine's documented switches
+        client._engine.mtp_drafts = True  # noqa: SLF001
+        got = client.stream_tokens(prompt, max_new_tokens=N_DECODE + 1).run()
+    n = min(len(got.tokens), N_DECODE + 1)
+    assert n >= 8 and got.tokens[:min(n, N_DECODE)] == want.tokens[:min(n, N_DECODE)]
+    drafts = got.telemetry.mtp_drafts
+    assert [drafts[len(prompt) + 1 + i] for i in range(n)] == [(d,) for d in want_drafts[:n]]
+    assert [h.pushed_steps > 0 for h in got.telemetry.route] == [False, push]
 
 
 def test_a_routed_hash_span_killed_mid_generation_rebuilds_the_pushed_route(ds4, expected):

@@ -77,6 +77,8 @@ def _frames():
         Forward(step=12, pos0=3, hidden=H_PREFILL, token_ids=np.array([0, 7, 255, 2**20 - 1, 42], np.int64),
                 push=True),
         Token(step=11, token=5, logprob=None, top=(), compute_ms=0.5, tokens=(1, 2, 3, 4, 5)),
+        Forward(step=13, pos0=9, hidden=H576, want_draft=True),
+        Token(step=13, token=5, logprob=None, top=(), compute_ms=0.5, draft=(17,)),
         Hidden(step=9, hidden=H576, compute_ms=1.0, pushed=True),
         Chain(next_peer="12D3KooWnext", next_session=bytes(16), next_addrs=("/ip4/10.0.0.2/tcp/4001",),
               next_direct=("/ip4/10.0.0.2/tcp/4002",), prev_peer="12D3KooWprev"),
@@ -105,8 +107,9 @@ def test_size_line_decode_frame_is_4_n_embd_plus_small_header():
     body = encode_frame(Forward(step=123456, pos0=100_000, hidden=H576))
     # generation 2 added 'restore' (9 B), generation 3 'push' and 'rewind' (15 B), generation 4 'steps' (7 B);
     # generation 5 dropped 'sample' (8 B); generation 6 added 'verify' (8 B), generation 7 'token_ids'
-    # (11 B: the count; the ids, when sent, follow the tensor at 4 B per row)
-    assert 4 * 576 < len(body) <= 4 * 576 + 137
+    # (11 B: the count; the ids, when sent, follow the tensor at 4 B per row), generation 8
+    # 'want_draft' (12 B)
+    assert 4 * 576 < len(body) <= 4 * 576 + 149
     ids = encode_frame(Forward(step=123456, pos0=100_000, hidden=H576, token_ids=np.array([5], np.int32)))
     assert len(ids) == len(body) + 4
 
@@ -133,14 +136,14 @@ def test_generation_mismatch_is_refused_before_the_header():
         decode_frame(bytes(body))
 
 
-def test_a_generation_6_peer_is_refused():
-    # generation 7 added Forward.token_ids: a generation-6 Forward (which lacks it) is refused by its
-    # first byte, as the peer's handler refuses any mismatch at the handshake
-    assert PROTOCOL_GENERATION == 7
+def test_a_generation_7_peer_is_refused():
+    # generation 8 added Forward.want_draft and Token.draft: a generation-7 Forward (which lacks
+    # them) is refused by its first byte, as the peer's handler refuses any mismatch at the handshake
+    assert PROTOCOL_GENERATION == 8
     header = _fwd_header()
-    del header["token_ids"]
-    body = _raw(header, bytes(16), generation=6)
-    with pytest.raises(ProtocolError, match="peer speaks protocol generation 6, this one speaks 7"):
+    del header["want_draft"]
+    body = _raw(header, bytes(16), generation=7)
+    with pytest.raises(ProtocolError, match="peer speaks protocol generation 7, this one speaks 8"):
         decode_frame(body)
 
 
@@ -175,6 +178,7 @@ def _fwd_header(**over):
         "steps": [],
         "verify": False,
         "token_ids": 0,
+        "want_draft": False,
         "dtype": "f32",
         "shape": [1, 4],
     }
