@@ -6,6 +6,10 @@
 # The markers come from tests/helpers/markers.py. Further arguments go to pytest
 # (scripts/test.sh model -x -k chain); test paths among them (scripts/test.sh all tests/unit/x.py)
 # run instead of the whole tests/ tree. The wall time is printed after pytest's summary line.
+# Test files run on SWARM_TEST_WORKERS pytest-xdist workers (default 2; 0 runs them in this process):
+# most of a peer test's time is spent waiting (DHT joins, dials, expiries), so two files at once
+# keep two cores busy. A file stays on one worker (--dist loadfile): its module fixtures' peers
+# serve only its own tests; session fixtures (smol_swarm, the span cache) are one per worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
@@ -21,9 +25,12 @@ paths=(tests)
 for arg in "$@"; do
   case $arg in tests/* | ./tests/*) paths=() ;; esac
 done
+workers=${SWARM_TEST_WORKERS:-2}
+parallel=()
+[ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadfile)
 start=$SECONDS
 rc=0
-.venv/bin/python -m pytest -q -p no:cacheprovider ${select[@]+"${select[@]}"} "$@" ${paths[@]+"${paths[@]}"} || rc=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider ${parallel[@]+"${parallel[@]}"} ${select[@]+"${select[@]}"} "$@" ${paths[@]+"${paths[@]}"} || rc=$?
 took=$((SECONDS - start))
 echo "scripts/test.sh $tier: wall time $((took / 60)) min $((took % 60)) s"
 exit $rc
