@@ -33,9 +33,13 @@ then drops it, rebuilds the route and rolls it back to the token after the first
 band (`CheckEvent.first_outside`), which it recomputes (`RouteSession` applies `take_caught` before
 its next step).
 
-What is not checked: the last hop (it answers a token, not hidden states), hops that restored a
-prompt prefix from a snapshot (the checker would need the same restore), and hops whose span no
-other peer serves.
+The last hop answers tokens, not hidden states: its check replays its recorded steps exactly as it
+computed them (never regrouped), in verify passes where a frame is short enough (a token after every
+row), and every token it answered must come back the same (`compare_tokens`): an honest checker
+computes the same logits bit for bit and, with the session's seed, draws the same token.
+
+What is not checked: hops that restored a prompt prefix from a snapshot (the checker would need the
+same restore), and hops whose span no other peer serves.
 
 This module does not: decide when to check or how to compare (swarm/route/verify.py), or change
 the route (swarm/client/session.py does, between steps).
@@ -50,7 +54,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -61,9 +65,10 @@ from swarm.client.telemetry import CheckEvent, GenerationTelemetry
 from swarm.errors import ProtocolError, SwarmError
 from swarm.route.failover import Exclusions, FailoverPolicy, FailureReason, failure_reason, step_timeout_s
 from swarm.route.plan import PeerSpan, plan_route
-from swarm.route.replay import replay_frames
-from swarm.route.verify import Band, CheckPolicy, CheckSchedule, Measure, Standing, compare
-from swarm.wire import MAX_FORWARD_STEPS, Error, Forward, Hidden, Open, OpenOk
+from swarm.route.replay import claim_frames, replay_frames
+from swarm.route.verify import Band, CheckPolicy, CheckSchedule, Measure, Standing, compare, compare_tokens
+from swarm.limits import MAX_VERIFY_ROWS
+from swarm.wire import MAX_FORWARD_STEPS, Error, Forward, Hidden, Open, OpenOk, Token
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +96,8 @@ class HopRecord:
         step_number: the generation's next Forward step number (the check's frames continue it).
         token_ids: the token id of each input row (`[sum of rows]` int32, from position 0) for a
             model whose Forwards carry them (`Forward.token_ids`); empty for the others.
+        claims: the last hop's record: position -> the token it answered there (`outputs` is then
+            empty); empty for other hops.
     """
 
     span: PeerSpan
@@ -99,6 +106,7 @@ class HopRecord:
     offers: tuple[tuple[int, bytes], ...]
     step_number: int
     token_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    claims: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -220,20 +228,20 @@ class SpotChecks:
     async def _check(self, record: HopRecord, decode_step: int) -> CheckEvent | None:
         """Replay `record` on a checker (a second one on disagreement); None: nobody could."""
         span = record.span
-        claimed = np.concatenate(record.outputs)
+        claimed = record.claims or np.concatenate(record.outputs)
         first = await self._recompute(record, frozenset({span.peer_id}))
         if first is None:
             return None
         checkers, ref = first
-        m = compare(claimed, ref, self.ctx.band)
+        m = self._compare(claimed, ref)
         event = self._event(record, m, checkers, "ok")
         event.decode_step = decode_step
         if not m.within(self.ctx.band):
             second = await self._recompute(record, frozenset({span.peer_id, *checkers}))
-            if second is not None and compare(second[1], ref).within(self.ctx.band):
+            if second is not None and self._compare(second[1], ref).within(self.ctx.band):
                 event.checkers += second[0]
                 event.verdict = "caught"
-            elif second is not None and compare(claimed, second[1]).within(self.ctx.band):
+            elif second is not None and self._compare(claimed, second[1]).within(self.ctx.band):
                 event.checkers += second[0]
                 event.verdict = "checker_lied"
             else:
@@ -242,11 +250,17 @@ class SpotChecks:
         if event.verdict == "caught":
             self._punish(event, span.peer_id, span.incarnation)
         elif event.verdict == "checker_lied" and len(checkers) == 1:
-            liar = self._event(record, compare(ref, claimed, self.ctx.band), [span.peer_id], "caught", checkers[0])
+            liar = self._event(record, self._compare(ref, claimed), [span.peer_id], "caught", checkers[0])
             liar.decode_step = decode_step
             self.telemetry.checks.append(liar)
             self._punish(liar, checkers[0], 0.0)
         return event
+
+    def _compare(self, claimed: np.ndarray | Mapping[int, int], ref: np.ndarray | Mapping[int, int]) -> Measure:
+        """Hidden states within the band, or (a last hop) tokens equal."""
+        if isinstance(claimed, Mapping):
+            return compare_tokens(claimed, ref)
+        return compare(claimed, ref, self.ctx.band)
 
     def _event(self, record: HopRecord, m: Measure, checkers: list[str], verdict: str,
                peer_id: str | None = None) -> CheckEvent:
@@ -281,10 +295,10 @@ class SpotChecks:
 
     async def _recompute(
         self, record: HopRecord, exclude: frozenset[str]
-    ) -> tuple[list[str], np.ndarray] | None:
-        """The outputs of `record`'s steps recomputed by the cheapest chain of other peers serving
-        its layers, and those peers; None when no such chain exists or every attempt failed (no
-        verdict). A checker that fails (gone, busy, garbled) is excluded, as a failed hop is, and
+    ) -> tuple[list[str], np.ndarray | dict[int, int]] | None:
+        """The outputs of `record`'s steps (a last hop's: its tokens by position) recomputed by the
+        cheapest chain of other peers serving its layers, and those peers; None when no such chain
+        exists or every attempt failed (no verdict). A checker that fails (gone, busy, garbled) is excluded, as a failed hop is, and
         the next cheapest is tried, up to `FailoverPolicy.max_open_attempts` plans."""
         span = record.span
         for _ in range(self._failover.max_open_attempts):
@@ -306,8 +320,13 @@ class SpotChecks:
                 self._exclusions.add(f.span.peer_id, failure_reason(f.error), self._now(), f.span.incarnation)
         return None
 
-    async def _run(self, record: HopRecord, chain: list[PeerSpan]) -> np.ndarray:
-        """Send `record`'s rows through `chain` (fresh sessions, closed after); the last one's outputs.
+    async def _run(self, record: HopRecord, chain: list[PeerSpan]) -> np.ndarray | dict[int, int]:
+        """Send `record`'s rows through `chain` (fresh sessions, closed after); the last one's
+        outputs, or for a last hop the tokens its checker drew, by position.
+
+        A last hop's steps are replayed as recorded (each computed as it was), in verify passes
+        where a frame is short enough (`Forward.verify`: a token after every row), so that an honest
+        checker draws each claimed token again; a longer frame (the prompt's) answers its last row's.
 
         Raises:
             _CheckerFailed: a peer of the chain failed.
@@ -315,18 +334,27 @@ class SpotChecks:
         links: list[HopLink] = []
         step = record.step_number
         current = chain[0]
+        exact = bool(record.claims)
+        group_rows = 1
         try:
             for current in chain:
-                links.append(await self._open(current, record.offers))
+                link, group_rows = await self._open(current, record.offers)
+                links.append(link)
             blocks = list(record.inputs)
             for link, current in zip(links, chain):
-                outs, pos0 = [], 0
-                for x, steps in self._frames(blocks):
-                    frame = Forward(step=step, pos0=pos0, hidden=x, steps=steps,
+                last = exact and current is chain[-1]
+                outs, tokens, pos0 = [], {}, 0
+                for x, steps, verify in self._frames(blocks, last, exact, group_rows):
+                    frame = Forward(step=step, pos0=pos0, hidden=x, steps=steps, verify=verify,
                                     token_ids=record.token_ids[pos0 : pos0 + len(x)])
                     step, pos0 = step + 1, pos0 + frame.n_tokens
                     timeout_s = step_timeout_s(current, frame.n_tokens, self._failover, steps)
-                    outs.append(await self._exchange(link, frame, timeout_s))
+                    if last:
+                        tokens.update(await self._tokens(link, frame, timeout_s))
+                    else:
+                        outs.append(await self._exchange(link, frame, timeout_s))
+                if last:
+                    return tokens
                 blocks = np.split(np.concatenate(outs), np.cumsum([b.shape[0] for b in blocks])[:-1])
             return np.concatenate(blocks)
         except SwarmError as e:
@@ -334,16 +362,23 @@ class SpotChecks:
         finally:
             await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
 
-    def _frames(self, blocks: list[np.ndarray]):
-        """The check's frames: (rows, Forward.steps). One prefill in frames of the replay chunk
-        (`CheckPolicy.regroup`), or the recorded steps as a failover replays them."""
+    def _frames(self, blocks: list[np.ndarray], last: bool, exact: bool, group_rows: int):
+        """The check's frames: (rows, Forward.steps, Forward.verify). One prefill in frames of the
+        replay chunk (`CheckPolicy.regroup`, unless `exact`), or the recorded steps as a failover
+        replays them; the last span of a last hop's check in verify passes (`claim_frames`, short
+        steps in the checker's exact group `group_rows`)."""
         chunk = self._failover.replay_chunk_tokens
-        if self.ctx.policy.regroup:
+        max_rows = max([chunk, *(b.shape[0] for b in blocks)])
+        if last:
+            return claim_frames(blocks, max_rows, MAX_FORWARD_STEPS, MAX_VERIFY_ROWS, group_rows)
+        if self.ctx.policy.regroup and not exact:
             x = np.concatenate(blocks)
-            return [(x[i : i + chunk], ()) for i in range(0, x.shape[0], chunk)]
-        return replay_frames(blocks, max([chunk, *(b.shape[0] for b in blocks)]), MAX_FORWARD_STEPS)
+            return [(x[i : i + chunk], (), False) for i in range(0, x.shape[0], chunk)]
+        return ((x, s, False) for x, s in replay_frames(blocks, max_rows, MAX_FORWARD_STEPS))
 
-    async def _open(self, span: PeerSpan, offers) -> HopLink:
+    async def _open(self, span: PeerSpan, offers) -> tuple[HopLink, int]:
+        """A check session on `span`'s peer: the link, and the rows of one step it computes exactly
+        as one-row steps (`OpenOk.verify_rows`)."""
         link = await self._transport.connect(span.peer_id, self._failover.open_timeout_s)
         spec = self.spec
         frame = Open(session_id=self._rng.randbytes(16), client_id=spec.client_id, model_id=spec.model_id,
@@ -357,7 +392,7 @@ class SpotChecks:
         if not isinstance(reply, OpenOk):
             await link.close()
             raise ProtocolError(f"peer {span.peer_id[:12]}… answered open with {type(reply).__name__}")
-        return link
+        return link, reply.verify_rows
 
     async def _exchange(self, link: HopLink, frame: Forward, timeout_s: float) -> np.ndarray:
         reply = await self._ask(link, frame, timeout_s)
@@ -366,6 +401,17 @@ class SpotChecks:
                 f"peer {link.peer_id[:12]}… answered a check step with {type(reply).__name__}"
             )
         return np.asarray(reply.hidden, dtype=np.float32)
+
+    async def _tokens(self, link: HopLink, frame: Forward, timeout_s: float) -> dict[int, int]:
+        """A last span's answer to a check frame: the token at each position it drew one for."""
+        reply = await self._ask(link, frame, timeout_s)
+        if not isinstance(reply, Token) or len(reply.tokens) != (frame.n_tokens if frame.verify else 0):
+            raise ProtocolError(
+                f"peer {link.peer_id[:12]}… answered a check step with {type(reply).__name__}"
+            )
+        if frame.verify:
+            return {frame.pos0 + i + 1: t for i, t in enumerate(reply.tokens)}
+        return {frame.pos0 + frame.n_tokens: reply.token}
 
     async def _ask(self, link: HopLink, frame, timeout_s: float):
         await link.send(frame, timeout_s)

@@ -80,7 +80,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -147,6 +147,9 @@ class _Hop:
     """Prefix length to restore with the hop's first Forward (0: none, or already done)."""
     verify_rows: int = 1
     """Rows of one step the peer computes exactly as one-row steps (`OpenOk.verify_rows`)."""
+    claims: dict[int, int] = field(default_factory=dict)
+    """The last hop's own answers: position -> the token it answered there (what its spot check
+    compares; a replacement hop starts with none)."""
 
     @property
     def peer_id(self) -> str:
@@ -353,6 +356,10 @@ class RouteSession:
                 continue
             hop.inputs.extend(split_steps(x, record))
             if isinstance(reply, Token):
+                if verify:
+                    hop.claims.update((pos0 + j + 1, t) for j, t in enumerate(reply.tokens))
+                else:
+                    hop.claims[pos0 + x.shape[0]] = reply.token
                 self._last_pos0, self.pos = pos0, pos0 + x.shape[0]
                 self._stale = False
                 if reply.draft:  # drafting the token after the one sampled (at position pos)
@@ -394,6 +401,8 @@ class RouteSession:
             raise ValueError(f"keep {n} rows of a step of {n_last}: this model's hops cannot roll back")
         for hop in self._hops:
             drop_rows(hop.inputs, self.pos - new_pos)
+            for p in [p for p in hop.claims if p > new_pos]:  # answers to the rejected rows
+                del hop.claims[p]
         self.pos, self._stale = new_pos, True
 
     async def close(self) -> None:
@@ -536,8 +545,9 @@ class RouteSession:
     # -- spot checks -------------------------------------------------------------------------------
 
     def _check_records(self) -> list[HopRecord]:
-        """Copies of what a spot check of each checkable hop needs: every non-last hop that computed
-        every step from position 0, whose answers the next hop recorded step for step."""
+        """Copies of what a spot check of each checkable hop needs: every hop that computed every
+        step from position 0, with its answers: for a non-last hop the next hop's recorded inputs,
+        step for step; for the last hop the tokens it answered (`_Hop.claims`)."""
         out = []
         for hop, nxt in zip(self._hops, self._hops[1:]):
             if hop.base or nxt.base or len(hop.inputs) != len(nxt.inputs) or not hop.inputs:
@@ -547,6 +557,11 @@ class RouteSession:
             ids = self._row_ids(0, sum(b.shape[0] for b in hop.inputs))
             out.append(HopRecord(hop.span, tuple(hop.inputs), tuple(nxt.inputs), self._offers, self._step,
                                  ids))
+        last = self._hops[-1] if self._hops else None
+        if last is not None and not last.base and last.inputs and last.claims:
+            ids = self._row_ids(0, sum(b.shape[0] for b in last.inputs))
+            out.append(HopRecord(last.span, tuple(last.inputs), (), self._offers, self._step, ids,
+                                 claims=dict(last.claims)))
         return out
 
     def _chain_broken(self, i: int) -> None:

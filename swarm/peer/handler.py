@@ -45,7 +45,7 @@ from swarm.peer.quotas import WAIT, ClientLedger, ClientLimits
 from swarm.peer.push import OPEN_TIMEOUT_S, Dial, PushState, send_error, serve_push
 from swarm.peer.scheduler import StepOutput
 from swarm.peer.span import Span
-from swarm.peer.testlie import Liar
+from swarm.peer.testlie import LOGIT_NOISE_SCALE, Liar
 from swarm.sampling import SamplingParams, sample
 from swarm.wire import (
     Chain,
@@ -288,7 +288,8 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
 def _reply(span: Span, frame: Forward, r: StepOutput, sampling: SamplingParams,
            liar: Liar | None = None) -> Hidden | Token:
     """The answer to a computed Forward: its hidden states, or on the last span the sampled token
-    (a test liar's corrupted hidden states instead, swarm/peer/testlie.py).
+    (a test liar's corrupted hidden states, or tokens sampled from corrupted logits, instead:
+    swarm/peer/testlie.py).
 
     Raises:
         RequestError: the logits cannot be sampled (`swarm.sampling.sample`).
@@ -298,14 +299,16 @@ def _reply(span: Span, frame: Forward, r: StepOutput, sampling: SamplingParams,
         return Hidden(step=frame.step, hidden=out, compute_ms=r.compute_ms,
                       receipt=receipt(frame.hidden, frame.token_ids))
     t0 = time.perf_counter()
-    s = sample(r.out[-1], sampling, position=frame.pos0 + frame.n_tokens)
+    scored = r.out if liar is None or not liar.every else liar.corrupt(r.out, frame.pos0, frame.steps,
+                                                                      LOGIT_NOISE_SCALE)
+    s = sample(scored[-1], sampling, position=frame.pos0 + frame.n_tokens)
     tokens: tuple[int, ...] = ()
     if frame.verify:  # row i as the decode step at position pos0 + i would sample it (swarm/spec/verify.py)
         tokens = tuple(sample(row, sampling, position=frame.pos0 + i + 1).token
-                       for i, row in enumerate(r.out[:-1])) + (s.token,)
+                       for i, row in enumerate(scored[:-1])) + (s.token,)
     logits = None
     if frame.want_logits:
-        logits = r.out if frame.all_logits else r.out[-1:]
+        logits = scored if frame.all_logits else scored[-1:]
     return Token(
         step=frame.step,
         token=s.token,

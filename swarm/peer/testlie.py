@@ -11,7 +11,8 @@ started with it prints a loud warning on stderr. Modes:
   peer altering activations between pushing peers);
 - `lazy:TYPE`: the span is served from a lower quantization of the same weights (TYPE a llama.cpp
   ftype name such as `Q3_K_M` or `Q2_K`), requantized with llama.cpp's own quantizer into
-  `$SWARM_HOME/lazy/` (`requantize`); noise modes apply to non-last spans' hidden states only.
+  `$SWARM_HOME/lazy/` (`requantize`). On the last span the noise modes put `LOGIT_NOISE_SCALE`
+  noise on the logits before sampling, so it answers wrong tokens.
 
 A lying peer wants traffic: it announces `BOAST` (10) times its measured speed, so routes take it
 over honest peers of its span (which then serve the checks).
@@ -36,6 +37,9 @@ SEED_ENV = "SWARM_TEST_LIE_SEED"
 """Seeds which positions a `noise:N` liar lies at, and its noise (default 0)."""
 NOISE_SCALE = 0.05
 """Noise standard deviation as a fraction of each output row's RMS."""
+LOGIT_NOISE_SCALE = 1.0
+"""On the last span the noise goes on the logits before sampling, at this fraction of each row's
+RMS: the sampled token then differs at most steps (5% would seldom move an argmax)."""
 BOAST = 10.0
 """A lying peer announces this many times its measured speed."""
 
@@ -66,9 +70,10 @@ class Liar:
             return out
         return Liar(every=1, seed=self.seed + 1).corrupt(out, 0, ())
 
-    def corrupt(self, out: np.ndarray, pos0: int, steps: tuple[int, ...]) -> np.ndarray:
+    def corrupt(self, out: np.ndarray, pos0: int, steps: tuple[int, ...], scale: float = NOISE_SCALE) -> np.ndarray:
         """The rows a lying peer answers instead of `out` ([rows, hidden] float32 of the steps
-        starting at pos0, of row counts `steps`, or one step when empty)."""
+        starting at pos0, of row counts `steps`, or one step when empty), with noise of `scale`
+        times each row's RMS (the last span: `LOGIT_NOISE_SCALE` on its logits)."""
         bounds = np.cumsum((0,) + (steps or (out.shape[0],)))
         lied = None
         for a, b in zip(bounds[:-1], bounds[1:]):
@@ -78,7 +83,7 @@ class Liar:
             block = lied[a:b]
             rms = np.sqrt((block.astype(np.float64) ** 2).mean(axis=1, keepdims=True))
             noise = np.random.default_rng([self.seed, pos0 + int(a), 1]).standard_normal(block.shape)
-            lied[a:b] = block + (NOISE_SCALE * rms * noise).astype(np.float32)
+            lied[a:b] = block + (scale * rms * noise).astype(np.float32)
         return out if lied is None else lied
 
 

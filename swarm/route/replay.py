@@ -73,6 +73,50 @@ def replay_frames(
         yield _frame(group)
 
 
+def claim_frames(
+    blocks: Sequence[np.ndarray], max_rows: int, max_steps: int, verify_rows: int, group_rows: int = 1
+) -> Iterator[tuple[np.ndarray, tuple[int, ...], bool]]:
+    """Group a last hop's recorded steps for an exact replay that answers a token after every row
+    it can: runs of steps of at most `verify_rows` rows go in verify frames (`Forward.verify`, at
+    most `verify_rows` rows), a longer step (a prompt chunk) in frames of its own, as
+    `replay_frames` cuts it.
+
+    Consecutive steps of at most `group_rows` rows (decode steps, verify groups) are recomputed
+    in steps of `group_rows` rows: the checker's proven exact group (`OpenOk.verify_rows`), whose
+    steps give what one-row steps give bit for bit, as the recorded ones did. No other step's rows
+    are regrouped.
+
+    Yields:
+        (rows, steps, verify): as `replay_frames`, and whether the frame is a verify pass.
+    """
+    run: list[np.ndarray] = []
+    for b in blocks:
+        if b.shape[0] <= verify_rows:
+            run.append(b)
+            continue
+        yield from ((x, s, True) for x, s in replay_frames(_regrouped(run, group_rows), verify_rows, max_steps))
+        run = []
+        yield from ((x, s, False) for x, s in replay_frames([b], max_rows, max_steps))
+    yield from ((x, s, True) for x, s in replay_frames(_regrouped(run, group_rows), verify_rows, max_steps))
+
+
+def _regrouped(blocks: list[np.ndarray], group_rows: int) -> list[np.ndarray]:
+    """Runs of blocks of at most `group_rows` rows re-cut into blocks of `group_rows` rows."""
+    out: list[np.ndarray] = []
+    small: list[np.ndarray] = []
+    for b in [*blocks, None]:
+        if b is not None and b.shape[0] <= group_rows:
+            small.append(b)
+            continue
+        if small:
+            rows = np.concatenate(small)
+            out.extend(rows[i : i + group_rows] for i in range(0, rows.shape[0], group_rows))
+            small = []
+        if b is not None:
+            out.append(b)
+    return out
+
+
 def _frame(group: list[np.ndarray]) -> tuple[np.ndarray, tuple[int, ...]]:
     if len(group) == 1:
         return group[0], ()

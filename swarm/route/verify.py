@@ -16,6 +16,9 @@ parts:
   miss a lie that leaves the largest elements alone (noise added to the small ones, or a lower
   quantization that keeps the outliers) and needs a k and a value tolerance besides. Cosine is
   reported beside it; it ignores a change of scale, which rel L2 does not.
+- `compare_tokens`: the last hop answers tokens, not hidden states; its check replays the recorded
+  steps exactly (each as it was computed), so an honest checker draws the same token at every
+  position and any difference is a lie.
 - `Measure.first_outside`, `rewind_position`: from which position a hop's output is first wrong,
   so the client knows how far back its text is poisoned and recomputes from there (the repair).
 - `Band`: the largest honest distance accepted, per model architecture and quantization type;
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import gguf
@@ -147,6 +150,25 @@ def compare(claimed: np.ndarray, ref: np.ndarray, band: Band | None = None) -> M
         outside = np.flatnonzero((rel > band.max_rel_l2) | (cos < band.min_cosine))
         first = int(outside[0]) if outside.size else -1
     return Measure(rel_l2=float(rel[row]), cosine=float(cos.min()), row=row, first_outside=first)
+
+
+def compare_tokens(claimed: Mapping[int, int], ref: Mapping[int, int]) -> Measure:
+    """Compare the tokens a last hop answered with a recomputation of the same steps.
+
+    A last hop's replay on an honest checker (its recorded steps, each computed as it was) gives the
+    same logits bit for bit, and the same seeded draw, so any token that differs is wrong: no band.
+
+    Args:
+        claimed, ref: position -> token id (the token at that position, sampled after the row at
+            position - 1); positions only one of them holds are not compared.
+    Returns:
+        Measure: rel_l2 0 and cosine 1 when every common position agrees; else inf and -1, with
+        `row` and `first_outside` the row (position - 1) that yielded the first differing token.
+    """
+    wrong = [p for p in sorted(claimed.keys() & ref.keys()) if claimed[p] != ref[p]]
+    if not wrong:
+        return Measure(rel_l2=0.0, cosine=1.0, row=0)
+    return Measure(rel_l2=math.inf, cosine=-1.0, row=wrong[0] - 1, first_outside=wrong[0] - 1)
 
 
 def rewind_position(first_outside: int, prompt_tokens: int, pos: int) -> int:

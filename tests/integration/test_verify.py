@@ -187,6 +187,29 @@ def test_rows_altered_between_pushing_peers_break_the_receipt_chain(liar, client
     assert s.result.text == expected
 
 
+def test_a_last_peer_answering_wrong_tokens_is_caught_and_honest_last_peers_replay_exactly(swarm, client, expected,
+                                                                                          smollm2_path):
+    """The last hop answers tokens: its check replays its recorded steps exactly and every token must
+    come back the same. A 20:30 peer sampling from noisy logits is caught and the text repaired; after
+    it, the two honest 20:30 peers check each other's tokens and agree at every check."""
+    z2 = swarm.start("z2", *serve_args(smollm2_path, "20:30", *swarm.join))
+    liar = swarm.start("liar-last", *serve_args(smollm2_path, "20:30", *swarm.join), env={"SWARM_TEST_LIE": "noise"})
+    _, engine = client
+    try:
+        wait_for(lambda: {s.peer_id for s in engine._conn.loop.run(engine.directory.peers(frozenset(), True), 30)
+                          if 0 <= (s.rtt_ms or -1) < float("inf")} >= {liar.peer_id, z2.peer_id},
+                 "the client measured the new peers' RTTs", 120)
+        s = generate(client, CheckPolicy(rate=0.5, seed=0))
+        assert_caught_and_dropped(s, liar.peer_id, client, span=(20, 30))
+        honest_last = [c for c in s.telemetry.checks if c.start == 20 and c.peer_id != liar.peer_id]
+        assert honest_last and {c.verdict for c in honest_last} == {"ok"}
+        assert s.result.text == expected
+    finally:
+        for p in (liar, z2):
+            p.stop()
+            swarm.started.remove(p)
+
+
 @pytest.fixture(scope="module")
 def qwen_liar_swarm(qwen_path, tmp_path_factory):
     """Qwen2.5-Coder-0.5B: 12:24, an honest 0:12 on 2 threads (the checks' replays) and a 0:12 peer

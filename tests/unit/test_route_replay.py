@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from swarm.route.replay import clip_steps, drop_rows, replay_frames, split_steps
+from swarm.route.replay import claim_frames, clip_steps, drop_rows, replay_frames, split_steps
 
 
 def blocks(*sizes: int) -> list[np.ndarray]:
@@ -63,3 +63,26 @@ def test_split_undoes_the_grouping(steps):
     parts = split_steps(x, steps)
     assert sizes(parts) == (list(steps) if steps else [x.shape[0]])
     assert np.array_equal(np.concatenate(parts), x)
+
+
+def test_claim_frames_put_short_steps_in_verify_passes_and_leave_a_prompt_chunk_alone():
+    # a last hop's record: a 40-row prompt chunk, a 3-row prompt tail, five decode steps, a 2-row
+    # verify group; verify passes hold at most 4 rows, frames at most 16 rows
+    record = blocks(40, 3, 1, 1, 1, 1, 1, 2)
+    frames = list(claim_frames(record, 16, 8, 4))
+    assert [(x.shape[0], steps, verify) for x, steps, verify in frames] == [
+        (16, (), False), (16, (), False), (8, (), False),  # the 40-row chunk, cut as replay cuts it
+        (4, (3, 1), True), (4, (1, 1, 1, 1), True), (2, (), True),
+    ]
+    # every row once, in order, and no step's rows regrouped
+    assert np.array_equal(np.concatenate([x for x, _, _ in frames]), np.concatenate(record))
+    assert [(s, v) for _, s, v in claim_frames(blocks(2, 1), 16, 8, 4)] == [((2, 1), True)]
+
+
+def test_claim_frames_recompute_short_steps_in_the_checkers_exact_group():
+    # one-row decode steps and a 2-row verify group, replayed by a checker exact up to 3 rows: steps
+    # of 3 rows, never across the 5-row prompt tail (a prefill step keeps its own rows)
+    record = blocks(5, 1, 1, 1, 2, 1, 1)
+    frames = list(claim_frames(record, 16, 8, 8, group_rows=3))
+    assert [(x.shape[0], steps, verify) for x, steps, verify in frames] == [(8, (5, 3), True), (4, (3, 1), True)]
+    assert np.array_equal(np.concatenate([x for x, _, _ in frames]), np.concatenate(record))

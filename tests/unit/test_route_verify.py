@@ -10,7 +10,8 @@ import pytest
 
 from swarm.route.plan import PeerSpan, plan_route
 from swarm.route.verify import (
-    DEFAULT_BAND, Band, CheckPolicy, CheckSchedule, Standing, band_for, compare, quant_type, rewind_position,
+    DEFAULT_BAND, Band, CheckPolicy, CheckSchedule, Standing, band_for, compare, compare_tokens, quant_type,
+    rewind_position,
 )
 
 
@@ -136,3 +137,13 @@ def test_the_band_is_looked_up_by_architecture_and_quantization():
     assert "SmolLM2" in band_for("llama", "MOSTLY_Q4_1").source
     assert "Qwen2.5" in band_for("qwen2", "MOSTLY_Q4_K_M").source
     assert band_for("llama", "MOSTLY_Q8_0") is DEFAULT_BAND
+
+
+def test_tokens_are_compared_at_the_positions_both_hold_and_the_first_difference_is_named():
+    claimed = {10: 5, 11: 7, 12: 9, 13: 4}
+    assert compare_tokens(claimed, {10: 5, 11: 7, 12: 9}).within(DEFAULT_BAND)  # 13 not replayed
+    m = compare_tokens(claimed, {10: 5, 11: 8, 12: 1, 13: 4, 14: 3})
+    assert not m.within(DEFAULT_BAND)
+    # the token at 11 came from the row at 10: the repair recomputes from position 11
+    assert (m.first_outside, m.row, rewind_position(m.first_outside, 3, 14)) == (10, 10, 11)
+    assert compare_tokens({}, {1: 2}).first_outside == -1
