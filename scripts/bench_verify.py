@@ -1,6 +1,7 @@
 """Spot checks of remote computation: the honest band, detection of lying peers, and the cost.
 
-A loopback swarm of SmolLM2: 0:10, two honest peers for 10:20 (one with 1 thread, one with 2), 20:30.
+A loopback swarm of SmolLM2: 0:10, two honest peers for 10:20 (one with 1 thread, one with 2), two
+for 20:30 (the last hop's checks replay its tokens exactly on the other).
 Reported (one JSON object on stdout; progress on stderr):
 
   kernel_proxy: how far honest hidden states of span 10:20 move when the same steps are computed
@@ -12,7 +13,8 @@ Reported (one JSON object on stdout; progress on stderr):
       by the 2-thread one, then the other way round: checked decode steps, the largest measured
       rel L2 and smallest cosine, and how many checks were flagged (must be 0).
   liars: per lying mode (`SWARM_TEST_LIE`: noise on every step, on 1 in 10, on 1 in 100, a peer
-      serving Q4_0, Q3_K_M and Q2_K requantizations), `--liar-runs` generations at the default check
+      serving Q4_0, Q3_K_M and Q2_K requantizations) of a peer serving `--liar-span` (10:20; 20:30
+      for the last hop, whose noise goes on its logits), `--liar-runs` generations at the default check
       policy (seed = run number): the decode step whose check caught the liar (None: not caught in
       `--liar-tokens` tokens), the checks of the liar's hop until then, the measured rel L2, the
       generated token the text was rolled back to (the repair: the route rebuilt without the liar
@@ -24,7 +26,8 @@ Reported (one JSON object on stdout; progress on stderr):
       default: the prompt's rows are checked before the first token, waited for).
   receipt: microseconds to compute one step's receipt of one decode row.
 
-    python scripts/bench_verify.py [--tokens 48] [--liar-runs 5] [--liar-tokens 64] [--cost-runs 8]
+    python scripts/bench_verify.py [--tokens 48] [--liar-runs 5] [--liar-tokens 64] [--cost-runs 8] \
+        [--liar-span 20:30]
 """
 
 from __future__ import annotations
@@ -162,8 +165,9 @@ def honest(engine, tokenizer, n_tokens: int, names: dict) -> dict:
                     steps += n
                     key = f"{names[c.peer_id]} checked by {','.join(names[p] for p in c.checkers)}"
                     served[key] = served.get(key, 0) + n
-                    routed[c.peer_id] = routed.get(c.peer_id, 0) + 1
-        if not steer:  # then the other 10:20 peer serves: price the one that did out of routes
+                    if c.start == 10:  # the 10:20 peer that served: steered away from next
+                        routed[c.peer_id] = routed.get(c.peer_id, 0) + 1
+        if not steer and routed:  # then the other 10:20 peer serves: price the one that did out of routes
             fresh_standing(engine)
             engine.checks.standing.record(max(routed, key=routed.get), time.monotonic())
     return {"checked_decode_steps": steps, "by_peers": served, "flagged": flagged,
@@ -183,7 +187,7 @@ def liars(ps: PeerSet, path: Path, join: tuple[str, ...], want: str, args) -> di
                 if liar is not None:
                     liar.stop()
                     ps.started.remove(liar)
-                liar = ps.start(f"liar-{mode.replace(':', '-')}-{seed}", *serve(path, "10:20", 1, *join),
+                liar = ps.start(f"liar-{mode.replace(':', '-')}-{seed}", *serve(path, args.liar_span, 1, *join),
                                 env={"SWARM_TEST_LIE": mode, "SWARM_TEST_LIE_SEED": str(seed)})
             tokenizer, engine = connect_swarm(str(path), [join[1]])
             engine.settle_checks = True
@@ -244,6 +248,7 @@ def main() -> int:
     ap.add_argument("--liar-tokens", type=int, default=64)
     ap.add_argument("--cost-runs", type=int, default=8)
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--liar-span", default="10:20", help="the liars' layers: 10:20, or 20:30 (the last hop)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: kernel,honest,liars,cost")
     args = ap.parse_args()
     skip = set(args.skip.split(","))
@@ -263,11 +268,12 @@ def main() -> int:
             join = ("--initial-peers", first.maddrs[0])
             h1 = ps.start("h1-threads1", *serve(path, "10:20", 1, *join))
             h2 = ps.start("h2-threads2", *serve(path, "10:20", 2, *join))
-            ps.start("z", *serve(path, "20:30", 1, *join))
+            z = ps.start("z", *serve(path, "20:30", 1, *join))
+            z2 = ps.start("z2", *serve(path, "20:30", 1, *join))  # the last hop's checker
             tokenizer, engine = connect_swarm(str(path), list(first.maddrs))
             engine.settle_checks = True
             try:
-                names = {h1.peer_id: "threads1", h2.peer_id: "threads2"}
+                names = {h1.peer_id: "threads1", h2.peer_id: "threads2", z.peer_id: "last", z2.peer_id: "last2"}
                 if "honest" not in skip:
                     out["honest"] = honest(engine, tokenizer, args.tokens, names)
                     print(json.dumps({"honest": out["honest"]}), file=sys.stderr, flush=True)
