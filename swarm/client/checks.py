@@ -42,7 +42,9 @@ What is not checked: hops that restored a prompt prefix from a snapshot (the che
 same restore), and hops whose span no other peer serves.
 
 This module does not: decide when to check or how to compare (swarm/route/verify.py), or change
-the route (swarm/client/session.py does, between steps).
+the route (swarm/client/session.py does, between steps). It stays one file past the house's ~400
+lines: a check's replay, verdict and consequences are one concern sharing the checker links and
+the generation's state; the pure parts already live in swarm/route/.
 """
 
 from __future__ import annotations

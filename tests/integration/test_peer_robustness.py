@@ -289,6 +289,7 @@ def test_wrong_dtype_ends_the_stream(raw):
         "steps": [],
         "verify": False,
         "token_ids": 0,
+        "want_draft": False,
         "dtype": "f64",
         "shape": [1, N_EMBD],
     }
