@@ -23,8 +23,10 @@ another peer serves the span: the side two peers agree on is right (a lying chec
 instead). Without a second checker the checked peer is caught: it computed what a peer chosen
 by this client could not reproduce.
 
-At most one check of a generation is in flight: a check that falls due while one runs is skipped,
-so checks never take more than one session slot per generation on the checkers.
+The first check (`CheckPolicy.first_check_step`) replays every checkable hop at once, so a peer
+lying on every step is caught early wherever it sits in the route; each later one checks one hop,
+in turn. At most one check of a generation is in flight: a check that falls due while one runs is
+skipped, so checks never take more than one session slot per generation on each checker.
 
 A caught peer is excluded by this client for `CheckPolicy.caught_exclusion_s`, recorded in the
 client's `Standing` (route pricing), in the generation's telemetry (`checks`) and in the evidence
@@ -174,9 +176,13 @@ class SpotChecks:
         candidates = [r for r in records() if r.span.peer_id not in self._convicted]
         if not candidates:
             return
-        first = self._schedule.pick(range(len(candidates)))
-        order = candidates[first:] + candidates[:first]
-        task = asyncio.ensure_future(self._check_first(order, step))
+        if step == self.ctx.policy.first_check_step:
+            # every hop once, early: a peer lying on every step is caught wherever it sits
+            task = asyncio.ensure_future(self._check_each(candidates, step))
+        else:
+            first = self._schedule.pick(range(len(candidates)))
+            order = candidates[first:] + candidates[:first]
+            task = asyncio.ensure_future(self._check_first(order, step))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -219,6 +225,10 @@ class SpotChecks:
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     # -- one check -------------------------------------------------------------------------------
+
+    async def _check_each(self, records: list[HopRecord], decode_step: int) -> None:
+        """Check every hop of `records` at once (the generation's first check)."""
+        await asyncio.gather(*(self._check(r, decode_step) for r in records))
 
     async def _check_first(self, order: list[HopRecord], decode_step: int) -> None:
         """Check the first hop of `order` that another peer can replay."""

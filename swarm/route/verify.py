@@ -229,7 +229,8 @@ class CheckPolicy:
 class CheckSchedule:
     """Which decode steps of one generation start a check, and of which hop.
 
-    The first check comes at `first_check_step`; after it each decode step starts one with
+    The first check comes at `first_check_step` (the client checks every hop then); after it each
+    decode step starts one with
     probability `rate`, drawn from `rng` (seeded by the policy for tests and benchmarks). Hops
     are taken in turn from a random first one, so every checkable hop is checked as often.
     """

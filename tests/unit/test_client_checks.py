@@ -120,7 +120,8 @@ def test_a_lying_hop_is_caught_dropped_and_the_route_rebuilt_without_it():
     assert caught and all((c.peer_id, c.verdict) == ("m1", "caught") for c in caught)
     first = caught[0]
     # m1 computed 3 prompt chunks and 3 decode steps honestly: the first wrong row is the next one
-    assert first.position == first.first_outside == len(PROMPT) + 3
+    # (the catching check may come some steps later: the first check, of every hop, takes longer)
+    assert first.first_outside == len(PROMPT) + 3 <= first.position
     assert first.rel_l2 > DEFAULT_BAND.max_rel_l2
     assert first.checkers == ["m2", "m3"]  # the second checker agreed with the first
     [f] = t.failovers
@@ -164,7 +165,7 @@ def test_the_evidence_is_written_for_swarm_status(tmp_path):
     _, t, _, _ = generate(swarm_of("lie", lie_after=6), EVERY_STEP, evidence_dir=tmp_path)
     (tmp_path / EVIDENCE_FILE).open("a").write("not json\n{\"peer_id\": 1}\n")  # junk lines are skipped
     [line] = read_evidence(tmp_path, "ab" * 8)
-    assert (line["peer_id"], line["verdict"], line["position"]) == ("m1", "caught", len(PROMPT) + 3)
+    assert (line["peer_id"], line["verdict"], line["first_outside"]) == ("m1", "caught", len(PROMPT) + 3)
     assert read_evidence(tmp_path, "cd" * 8) == () and read_evidence(tmp_path / "none", "ab" * 8) == ()
     report = status_report("ab" * 8, N_LAYERS, [], caught=(line,))
     assert any(v.startswith("caught computing wrong") and "m1" in v and "10:20" in v for v in report.verdict())
