@@ -325,7 +325,14 @@ class SwarmP2P:
         async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             session = FramedStream(info.peer_id.to_base58(), info.proto, reader, writer, max_frame_bytes,
                                    remote_addr=str(info.addr))
-            await self.run_handler(handler, session)
+            try:
+                await self.run_handler(handler, session)
+            except asyncio.CancelledError:
+                if not self._closing:
+                    raise
+                # `close` cancelled it: end the task normally, since hivemind's done-callback asks
+                # the task for its exception, which raises for a cancelled task (asyncio then logs
+                # an ERROR with a traceback in every peer stopped while a stream was open)
 
         try:
             await self._p2p.add_binary_stream_handler(protocol_name, on_stream)

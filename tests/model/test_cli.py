@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import selectors
 import signal
 import subprocess
 import sys
 import time
 import zipfile
+from pathlib import Path
 
 import pytest
 
 from swarm.models import KNOWN_MODELS
+from tests.helpers.peers import wait_for
 
 
 def swarm(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -223,9 +226,22 @@ class Repl:
                 self.out[self._names[key.fd]] += data
 
     def wait_prompts(self, n: int) -> None:
-        """Wait until stdout holds n `> ` prompts in all and ends with the last one."""
+        """Wait until stdout holds n `> ` prompts in all and ends with the last one, and the REPL's
+        main thread is blocked reading stdin: a Ctrl-C that lands between `input()` writing its
+        prompt and starting its read is only raised once a line arrives (CPython checks signals
+        when the read returns), so a test that signals at the prompt waits for the read first."""
         self.wait_for(lambda o, e: o.count(b"> ") >= n and o.endswith(b"> "), f"prompt {n}")
         assert self.out["stdout"].count(b"> ") == n, self.out["stdout"]
+        wait_for(self._reading_stdin, "the REPL blocked reading stdin", 60)
+
+    def _reading_stdin(self) -> bool:
+        """The main thread is in read(2) on fd 0 (/proc/PID/syscall: number, then the arguments;
+        read is 0 on x86-64); True where /proc cannot say (the wait is then only the prompt's)."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/syscall").read_text().split()
+        except OSError:
+            return True
+        return platform.machine() != "x86_64" or fields[:2] == ["0", "0x0"]
 
     def finish(self, timeout_s: float = 60.0) -> int:
         self.wait_for(lambda o, e: not self._sel.get_map(), "end of output", timeout_s)
