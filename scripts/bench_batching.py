@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import threading
@@ -41,6 +40,7 @@ from swarm.models import resolve_model
 from swarm.peer.scheduler import StepScheduler, exact_batch_cap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from scripts.bench_swarm import machine  # noqa: E402
 from tests.helpers.peers import PeerSet  # noqa: E402 - the tests' peer launcher: real `swarm serve` processes
 
 BLOCK = 64
@@ -232,7 +232,7 @@ def main() -> None:
 
     tok = Tokenizer.from_gguf(path)
     prompts = [tok.encode(p) for p in PROMPTS[: args.sessions]]
-    out = {"model": args.model, "cpus": os.cpu_count()}
+    out = {"model": args.model, **machine()}
     out["scheduler"] = bench_scheduler(path, prompts, args.decode)
     out["prefill"] = bench_prefill(path, args.prefill_tokens, args.decode)
     if not args.skip_peer:

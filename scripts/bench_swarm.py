@@ -46,6 +46,15 @@ def loadavg() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
+def machine() -> dict:
+    """What the figures were measured on: the CPU's model name, its core count, and the CPU
+    features of the ggml backend llama.cpp runs (`llama_print_system_info`; setup builds the
+    portable AVX2 one, README "The numeric contract")."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown")
+    return {"cpu": cpu, "cpus": os.cpu_count(), "ggml": llama_cpp.llama_print_system_info().decode().strip()}
+
+
 def make_prompt(llm: llama_cpp.Llama, n_tokens: int) -> str:
     """A plain-text prompt of about n_tokens tokens (cut on a token boundary)."""
     toks = llm.tokenize((TEXT * (n_tokens // 20 + 2)).encode(), add_bos=False)
@@ -190,7 +199,7 @@ def main() -> None:
     out: dict = {
         "model": args.model,
         "n_layers": n_layers,
-        "cpus": os.cpu_count(),
+        **machine(),
         "loadavg_start": loadavg(),
         "whole": {},
         "swarm": {},
