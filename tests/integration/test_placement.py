@@ -125,9 +125,10 @@ def test_a_peer_moves_to_the_bottleneck_when_the_swarm_changes(smollm2_path, pee
     # one: with five peers on 15:30 and one on 0:15, moving one of them to 0:15 raises the routable
     # throughput well past the 20% threshold (staying is bounded by the lone 0:15 peer). The mover
     # prices itself at 0:15 by its 15:30 speed, and each peer measures its speed once, at its start,
-    # beside whatever else the machine runs: with only four on 15:30, three of them measured ~25%
-    # slow while the 0:15 peer had measured in a quiet moment left the remaining 15:30 peers the
-    # bottleneck after a move, and the peer rightly stayed (seen once in the full suite).
+    # beside whatever else the machine runs: with only four on 15:30, three of them measuring ~25%
+    # slow while the 0:15 peer measured in a quiet moment leaves the remaining 15:30 peers the
+    # bottleneck after a move, so the peer rightly stays (the likely cause of one failure in the
+    # full suite, where the peer never moved).
     for name in ("c", "d", "e", "f"):
         peers.start(name, *serve_args(smollm2_path, "15:30", "--initial-peers", first.maddrs[0]))
     wait_for(
