@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from scripts.bench_swarm import machine  # noqa: E402
 from swarm.models import resolve_model  # noqa: E402
-from tests.helpers.cpu_variants import package_with, run_variant  # noqa: E402
+from tests.helpers.cpu_variants import cpu_flags, package_with, run_variant  # noqa: E402
 
 LLAMA_CPP_PYTHON = "0.3.36"  # as scripts/setup.sh pins it
 # cpuid flags (/proc/cpuinfo) each variant needs, as ggml/src/CMakeLists.txt lists its features
@@ -49,14 +49,6 @@ VARIANT_FLAGS = {
                        "amx_tile", "amx_int8"},
 }
 REFERENCE = "haswell"
-
-
-def cpu_flags() -> set[str]:
-    """This CPU's feature flags from /proc/cpuinfo."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def build(build_dir: Path) -> float:

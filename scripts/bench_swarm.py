@@ -32,6 +32,7 @@ from swarm.manifest import build_manifest
 from swarm.models import resolve_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers.cpu_variants import loaded_variant  # noqa: E402
 from tests.helpers.peers import PeerSet  # noqa: E402 - the tests' peer launcher: real `swarm serve` processes
 
 TEXT = (
@@ -47,12 +48,14 @@ def loadavg() -> list[float]:
 
 
 def machine() -> dict:
-    """What the figures were measured on: the CPU's model name, its core count, and the CPU
-    features of the ggml backend llama.cpp runs (`llama_print_system_info`; setup builds the
-    portable AVX2 one, README "The numeric contract")."""
+    """What the figures were measured on: the CPU's model name, its core count, the ggml CPU
+    variant loaded (setup builds haswell and alderlake, README "The numeric contract") and that
+    backend's CPU features (`llama_print_system_info`)."""
+    llama_cpp.llama_backend_init()  # loads the CPU variant (idempotent)
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "unknown")
-    return {"cpu": cpu, "cpus": os.cpu_count(), "ggml": llama_cpp.llama_print_system_info().decode().strip()}
+    return {"cpu": cpu, "cpus": os.cpu_count(), "ggml_cpu_variant": loaded_variant(),
+            "ggml": llama_cpp.llama_print_system_info().decode().strip()}
 
 
 def make_prompt(llm: llama_cpp.Llama, n_tokens: int) -> str:

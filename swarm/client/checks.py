@@ -230,7 +230,8 @@ class SpotChecks:
         """Check every hop of `records`, one after another (the generation's first check)."""
         for record in records:
             # in turn, not at once: replays side by side compete with the route for the cores of
-            # a small machine (on 2 cores all of them at once cost 12.5% of tokens/s, in turn ~4%)
+            # a small machine (on 2 cores, at once cost 4-12.5% of decode tokens/s, in turn 2-3.5%:
+            # docs/benchmarks.md "The first check's hops in turn")
             await self._check(record, decode_step)
 
     async def _check_first(self, order: list[HopRecord], decode_step: int) -> None:

@@ -28,6 +28,14 @@ PROMPT_TEXT = ROOT / "tests" / "data" / "contract_prompt.txt"
 VARIANT_LIB = re.compile(r"libggml-cpu-([\w.]+)\.so")
 
 
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (/proc/cpuinfo's names: avx2, avx_vnni, avx512f, ...)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
 def loaded_variant() -> str | None:
     """The ggml CPU variant this process has loaded (its library's name in /proc/self/maps), or
     None when the CPU backend is built in (a build without GGML_BACKEND_DL) or not loaded."""

@@ -17,20 +17,13 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from tests.helpers.cpu_variants import loaded_variant, package_with, run_variant
+from tests.helpers.cpu_variants import cpu_flags, loaded_variant, package_with, run_variant
 
 BUILT = ("haswell", "alderlake")  # as scripts/setup.sh's GGML_CPU_VARIANTS
 PROMPT_TOKENS = 300  # past 256 cached tokens, where decode's attention view grows to 512 cells
 DECODE = 8
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="the CPU variants are x86's")
-
-
-def cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def test_the_best_built_variant_is_loaded(smollm2_path):
