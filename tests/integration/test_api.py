@@ -446,15 +446,18 @@ def test_health_page_in_a_browser_shows_peers_route_and_a_peer_leaving(api, tmp_
         options.add_argument(arg)
     driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
 
+    # The page re-renders its table every poll, so an element found in one WebDriver call can be
+    # gone by the next (StaleElementReferenceException, seen in CI): read each view in one script.
     def rows() -> dict[str, str]:
-        return {
-            r.get_attribute("data-peer-id"): r.get_attribute("data-span")
-            for r in driver.find_elements(By.CSS_SELECTOR, "#peers tbody tr")
-        }
+        return driver.execute_script(
+            "return Object.fromEntries([...document.querySelectorAll('#peers tbody tr')]"
+            ".map(r => [r.dataset.peerId, r.dataset.span]));"
+        )
 
     def route() -> tuple[str, str]:
-        box = driver.find_element(By.ID, "route")
-        return box.get_attribute("data-route"), box.text
+        return tuple(
+            driver.execute_script("const b = document.getElementById('route'); return [b.dataset.route, b.innerText];")
+        )
 
     spans = {p.peer_id: api_span(i) for i, p in enumerate(api.peers)}
     try:
