@@ -8,8 +8,10 @@ Drafts (`--drafts`): `lookup` (prompt lookup), `self` (the model requantized to 
 client process, swarm/client/draftmodel.py; `self:TYPE` for another type), or a draft GGUF's path;
 one client per draft, with its own plain rows. Each (draft, task, k) runs `--repeats` times after a
 warm-up, with k fixed and adaptive (swarm/spec/policy.py: 0..k per pass as measured, 0 being plain
-decoding); figures are medians. `passes_in_flight` is 1: one verify pass at a time (pipelining is
-not built).
+decoding), each with one verify pass in flight and pipelined (`--pipeline off on`: up to two in
+flight, the next pass sent before the last one is back where it is likely to be used;
+`Speculation.pipeline`); figures are medians. `passes_in_flight` is the most passes in flight (1 or
+2); `ahead_used` / `ahead_sent` count the passes sent ahead that were used.
 
 RTT modes: `--rtt 0` (the default) runs a loopback swarm on 127.0.0.1 (three `swarm serve` processes
 of the model's thirds, 1 thread each) and the client in this process. Any other RTT runs in the
@@ -17,7 +19,8 @@ network lab (sim/netlab.py, needs root): the swarm of scripts/bench_wan.py (`dir
 peers and a DHT peer), the client behind a NAT router, every two sites RTT apart.
 
     flock /tmp/swarm-heavy.lock .venv/bin/python scripts/bench_spec.py [--model smollm2-135m] \
-        [--rtt 0 20 50] [--k 4] [--decode 64] [--repeats 2] [--drafts lookup self] [--tasks copy novel]
+        [--rtt 0 20 50] [--k 4] [--decode 64] [--repeats 2] [--drafts lookup self] [--tasks copy novel] \
+        [--pipeline off on]
 
 Prints one JSON object.
 """
@@ -54,12 +57,13 @@ def run_client(model: str, initial_peers: list[str], args) -> list[dict]:
     generations of `args.decode` + 1 tokens."""
     rows = []
     for draft in args.drafts:
-        rows += run_draft(model, initial_peers, draft, args.tasks, args.k, args.decode, args.repeats)
+        rows += run_draft(model, initial_peers, draft, args.tasks, args.k, args.decode, args.repeats,
+                          [p == "on" for p in args.pipeline])
     return rows
 
 
 def run_draft(model: str, initial_peers: list[str], draft: str, tasks: list[str], k_values: list[int],
-              n_decode: int, repeats: int) -> list[dict]:
+              n_decode: int, repeats: int, pipelines: list[bool]) -> list[dict]:
     """One client drafting with `draft`: its plain and speculative rows."""
     from swarm import Client
 
@@ -70,8 +74,9 @@ def run_draft(model: str, initial_peers: list[str], draft: str, tasks: list[str]
         for task in tasks:
             prompt = TASKS[task]
             plain_text = None
-            for k, adaptive in [(0, False), *((k, a) for k in k_values for a in (False, True))]:
-                client.adaptive_speculation = adaptive
+            modes = [(k, a, p) for k in k_values for a in (False, True) for p in pipelines]
+            for k, adaptive, pipeline in [(0, False, False), *modes]:
+                client.adaptive_speculation, client.pipeline_speculation = adaptive, pipeline
                 runs = [client.generate(prompt, max_new_tokens=n_decode + 1, speculate=k)
                         for _ in range(repeats)]
                 s = [r.telemetry.speculation for r in runs]
@@ -80,6 +85,7 @@ def run_draft(model: str, initial_peers: list[str], draft: str, tasks: list[str]
                     "draft": draft,
                     "k": k,
                     "adaptive": adaptive,
+                    "pipeline": pipeline,
                     "decode_tok_s": round(statistics.median(r.telemetry.decode_tokens_per_s
                                                             for r in runs), 2),
                     "total_ms": round(statistics.median(r.telemetry.total_ms for r in runs), 1),
@@ -89,7 +95,9 @@ def run_draft(model: str, initial_peers: list[str], draft: str, tasks: list[str]
                         "acceptance_rate": round(statistics.median(x.rate for x in s), 3),
                         "tokens_per_pass": round(statistics.median(x.tokens_per_pass for x in s), 2),
                         "passes": statistics.median(x.passes for x in s),
-                        "passes_in_flight": 1,
+                        "passes_in_flight": 2 if any(x.ahead_sent for x in s) else 1,
+                        "ahead_used": statistics.median(x.ahead_used for x in s),
+                        "ahead_sent": statistics.median(x.ahead_sent for x in s),
                         "same_text_as_plain": all(r.text == plain_text for r in runs),
                     }
                 else:
@@ -138,7 +146,7 @@ def in_lab(model: Path, n_layers: int, args, rtts: list[float]) -> dict[float, l
                 lab.set_rtt(rtt)
                 argv = [sys.executable, str(Path(__file__).resolve()), "--client", str(model), "--decode",
                         str(args.decode), "--repeats", str(args.repeats), "--k", *map(str, args.k),
-                        "--drafts", *args.drafts, "--tasks", *args.tasks,
+                        "--drafts", *args.drafts, "--tasks", *args.tasks, "--pipeline", *args.pipeline,
                         "--initial-peers", *placed.initial_peers]
                 done = lab.run(client_site, argv, timeout_s=CLIENT_S)
                 out[rtt] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -157,6 +165,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--drafts", nargs="+", default=["lookup"], help="lookup, self, self:TYPE or a .gguf path")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    ap.add_argument("--pipeline", nargs="+", default=["off", "on"], choices=["off", "on"],
+                    help="one verify pass in flight (off), pipelined passes (on), or both")
     ap.add_argument("--client", metavar="MODEL", help=argparse.SUPPRESS)  # the client inside its lab site
     ap.add_argument("--initial-peers", nargs="*", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args()

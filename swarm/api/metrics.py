@@ -83,7 +83,8 @@ class ApiMetrics:
             "swarm_api_peer_failovers", "Hops replaced mid-generation", ["peer", "reason"], registry=r
         )
         self.speculation = Counter(
-            "swarm_api_speculation", "Speculative decoding: verify passes, drafted and accepted tokens",
+            "swarm_api_speculation",
+            "Speculative decoding: verify passes, drafted and accepted tokens, passes sent ahead and used",
             ["kind"], registry=r,
         )
         r.register(_StatusCollector(status))
@@ -133,6 +134,8 @@ class ApiMetrics:
             self.speculation.labels("passes").inc(spec.passes)
             self.speculation.labels("drafted").inc(spec.drafted)
             self.speculation.labels("accepted").inc(spec.accepted)
+            self.speculation.labels("sent_ahead").inc(spec.ahead_sent)
+            self.speculation.labels("sent_ahead_used").inc(spec.ahead_used)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

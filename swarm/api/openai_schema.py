@@ -211,7 +211,8 @@ class Usage(BaseModel):
 
 def usage(prompt_tokens: int, completion_tokens: int, speculation: Acceptance | None = None) -> Usage:
     """A `Usage` with the total filled in, and with speculation's counts when the request speculated:
-    `{"passes", "drafted_tokens", "accepted_tokens", "acceptance_rate", "tokens_per_pass"}`."""
+    `{"passes", "drafted_tokens", "accepted_tokens", "acceptance_rate", "tokens_per_pass",
+    "passes_sent_ahead", "passes_sent_ahead_used"}` (the last two: pipelined passes)."""
     extra = {}
     if speculation is not None:
         extra["speculation"] = {
@@ -220,6 +221,8 @@ def usage(prompt_tokens: int, completion_tokens: int, speculation: Acceptance | 
             "accepted_tokens": speculation.accepted,
             "acceptance_rate": round(speculation.rate, 4),
             "tokens_per_pass": round(speculation.tokens_per_pass, 4),
+            "passes_sent_ahead": speculation.ahead_sent,
+            "passes_sent_ahead_used": speculation.ahead_used,
         }
     return Usage(
         prompt_tokens=prompt_tokens,

@@ -37,6 +37,9 @@ def register(sub) -> None:
     c.add_argument("--fixed-k", action="store_true",
                    help="with --speculate: always draft up to K, instead of the K (0 included) that the "
                         "measured acceptance and pass times say is fastest")
+    c.add_argument("--one-pass", action="store_true",
+                   help="with --speculate: one verify pass in flight at a time, instead of sending the "
+                        "next pass before the last one is back where it is likely to be used")
     c.add_argument("--raw", action="store_true", help="send --prompt as is, without the chat template")
     c.add_argument(
         "--json", action="store_true", help="one-shot: print text and telemetry as one JSON object"
@@ -77,7 +80,8 @@ def _chat(args) -> int:
     if args.prompt is not None:
         _check_prompt(args.prompt)
     client = Client(args.model, local=args.local, initial_peers=args.initial_peers, n_threads=args.threads,
-                    adaptive_speculation=not args.fixed_k, draft=args.draft)
+                    adaptive_speculation=not args.fixed_k, pipeline_speculation=not args.one_pass,
+                    draft=args.draft)
     try:
         if args.prompt is not None:
             return _one_shot(client, args, sampling)

@@ -37,6 +37,9 @@ class Client:
         adaptive_speculation: with `speculate` k, draft 0..k tokens per pass, as this generation's
             measured acceptance and pass times say is fastest (swarm/spec/policy.py; 0 turns
             speculation off while it would be slower); False: always up to k.
+        pipeline_speculation: send the next verify pass before the one in flight comes back, where
+            it is likely to be used (swarm/client/generate.py `Speculation.pipeline`); False: one
+            pass at a time.
         draft: where `speculate` gets its guesses (swarm only): "lookup" (default), prompt lookup,
             no model; "self", the model requantized to Q3_K_M and run greedily in this process
             (made once into the cache, swarm/client/draftmodel.py); "self:TYPE", another type
@@ -61,12 +64,14 @@ class Client:
         prefill_chunk_tokens: int = 256,
         verify_group_rows: int | None = None,
         adaptive_speculation: bool = True,
+        pipeline_speculation: bool = True,
         draft: str = "lookup",
         draft_threads: int | None = None,
     ):
         self.local = local
         self.verify_group_rows = verify_group_rows
         self.adaptive_speculation = adaptive_speculation
+        self.pipeline_speculation = pipeline_speculation
         if not isinstance(draft, str) or not draft:
             raise RequestError(
                 f"draft must be 'lookup', 'self', 'self:TYPE' or a .gguf path, got {draft!r:.80}"
@@ -255,5 +260,5 @@ class Client:
             check_request(len(tokens), req, self._engine.context_limit)  # the draft is sized by it
             req = dataclasses.replace(req, speculation=Speculation(
                 self._draft(len(tokens) + max_new_tokens), k=speculate, group_rows=self.verify_group_rows,
-                adaptive=self.adaptive_speculation))
+                adaptive=self.adaptive_speculation, pipeline=self.pipeline_speculation))
         return TokenStream(self._engine, self.tokenizer, tokens, req, backend=self._backend)

@@ -7,7 +7,7 @@ This module does not: run a model, route, or hold a generation's state.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,9 +59,13 @@ class EngineSession(Protocol):
 class SpeculativeSession(EngineSession, Protocol):
     """An engine session that can verify a draft in one pass (the swarm's)."""
 
-    def verify(self, token: int, draft: Sequence[int], group_rows: int | None) -> list[StepResult]:
+    def verify(self, token: int, draft: Sequence[int], group_rows: int | None,
+               ahead: Callable[[], Sequence[int]] | None = None) -> list[StepResult]:
         """Append `token` and the drafted tokens, keep the drafted tokens up to the first one plain
         decoding would not have produced, and return the kept ones plus the next sampled token.
+        `ahead`: where the session pipelines, called once the pass is on its way (maybe on another
+        thread) for the guessed token after the draft and drafted tokens after it, which it may
+        start computing as the next pass before this one returns; None: one pass at a time.
 
         Raises:
             Rewind: tokens given out earlier were computed wrong; nothing was appended.

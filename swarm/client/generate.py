@@ -12,6 +12,10 @@ measurements say is fastest, 0 included: swarm/spec/policy.py); with a draft, th
 produced; without one, it decodes one token. Only engine sessions with `verify` (the swarm's) can,
 and only on an engine whose sessions can roll rejected rows back (`rollback_exact`, default True):
 on another (a model whose peers keep a recurrent or compressed state) the request decodes plainly.
+Pipelining (`Speculation.pipeline`): where a pass is likely to keep every draft, `verify` is given a
+guess of the next pass (the token after the draft, then drafts after it), which the session sends
+right behind the pass while it travels; when the pass kept every draft and the guess held, the
+next pass is exactly that guess, whose answer is then only read.
 
 Repair: when the swarm's spot checks catch a peer computing wrong, the engine session's `decode` or
 `verify` raises `Rewind`: its route was rebuilt without the peer and rolled back to the token after
@@ -24,6 +28,7 @@ exactly the repaired text.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +40,7 @@ from swarm.errors import RequestError
 from swarm.limits import MAX_CONTEXT_TOKENS, MAX_VERIFY_ROWS
 from swarm.sampling import SamplingParams
 from swarm.spec.draft import Draft
-from swarm.spec.policy import KPolicy, shadow_kept
+from swarm.spec.policy import KPolicy, shadow_kept, worth_sending_ahead
 from swarm.spec.verify import Acceptance, draft_budget
 
 
@@ -53,12 +58,16 @@ class Speculation:
         adaptive: choose each pass's draft length in 0..k from the acceptance and pass times this
             generation measured (swarm/spec/policy.py; 0 decodes plainly, so speculation turns
             itself off where it would be slower); False drafts up to k on every step.
+        pipeline: send the next verify pass before the one in flight comes back, on the guess that
+            it keeps every draft (up to two passes in flight; only where that guess is likely:
+            `swarm.spec.policy.worth_sending_ahead`); False: one pass at a time.
     """
 
     draft: Draft
     k: int = 4
     group_rows: int | None = None
     adaptive: bool = True
+    pipeline: bool = True
 
 
 @dataclass(frozen=True)
@@ -176,6 +185,7 @@ class TokenStream:
         left given-out text to be recomputed)."""
         self._rewound: tuple[int, tuple[int, ...]] | None = None
         """The latest rewind's token position and replaced tokens, for its `Correction`."""
+        self._draft_lock = threading.Lock()
         self._iter = self._run()
 
     def __iter__(self) -> Iterator[str | Correction]:
@@ -220,7 +230,8 @@ class TokenStream:
         finally:
             session.close()
             if self._req.speculation is not None and hasattr(self._req.speculation.draft, "close"):
-                self._req.speculation.draft.close()  # a draft model's context goes back to its pool
+                with self._draft_lock:  # a guess may still be running on the engine's thread
+                    self._req.speculation.draft.close()  # a draft model's context goes back to its pool
         decoder.finish()
         yield from self._give_out(decoder.text, final=True)
         self.telemetry.finalize((time.perf_counter() - t0) * 1000.0)
@@ -286,22 +297,31 @@ class TokenStream:
         yield step
         policy = KPolicy(spec.k) if spec is not None and spec.adaptive else None
         shadow: tuple[list[int], int] | None = None  # a shadow draft and where it starts in self.tokens
+        ahead: list[int] = []  # the pass sent ahead: the guessed token after the draft, then its draft
         while True:
             if shadow is not None and (kept := shadow_kept(shadow[0], self.tokens[shadow[1]:])) is not None:
                 policy.observe_acceptance(len(shadow[0]), kept)
                 shadow = None
-            budget = draft_budget(spec.k, len(self.tokens), self._req.max_new_tokens) if spec else 0
-            k = budget if policy is None else min(budget, policy.choose())
-            draft = self._propose(k, policy)
-            if not draft and policy is not None and budget and not k and shadow is None and policy.wants_shadow():
-                if proposal := self._propose(budget, policy):
-                    shadow = (proposal, len(self.tokens))
+            if ahead:  # the pass sent ahead carries exactly the next rows: its answer is read
+                draft, ahead = ahead[1:], []
+            else:
+                budget = draft_budget(spec.k, len(self.tokens), self._req.max_new_tokens) if spec else 0
+                k = budget if policy is None else min(budget, policy.choose())
+                draft = self._propose(k, policy)
+                if not draft and policy is not None and budget and not k and shadow is None and policy.wants_shadow():
+                    if proposal := self._propose(budget, policy):
+                        shadow = (proposal, len(self.tokens))
+            guesses: list[list[int]] = []  # the pass sent ahead, where the session asked for one
             t0 = time.perf_counter()
             try:
                 if not draft:
                     new = [session.decode(step.token)]
+                elif self._pipelines(draft, policy):
+                    new = verify(step.token, draft, spec.group_rows,
+                                 lambda d=draft: guesses.append(self._guess(d, policy)) or guesses[-1])
                 else:
                     new = verify(step.token, draft, spec.group_rows)
+                if draft:
                     self.telemetry.speculation.add(len(draft), len(new) - 1)
             except Rewind as r:
                 yield r  # the loop drops the replaced tokens before it takes the next one
@@ -310,18 +330,43 @@ class TokenStream:
                 if policy is not None:
                     kept = len(new) - 1 if draft else 0
                     policy.observe_pass(len(draft), kept, (time.perf_counter() - t0) * 1000.0)
+                guess = guesses[-1] if guesses else []
+                if guess and len(new) == len(draft) + 1 and new[-1].token == guess[0]:
+                    ahead = guess  # every draft kept and the guess after them held
             for step in new:
                 yield step
 
-    def _propose(self, k: int, policy: KPolicy | None) -> list[int]:
-        """Up to `k` drafted tokens after the text so far ([] for k = 0), timed for `policy`."""
+    def _propose(self, k: int, policy: KPolicy | None, after: Sequence[int] = ()) -> list[int]:
+        """Up to `k` drafted tokens after the text so far and then `after` ([] for k = 0), timed for
+        `policy`. Under the draft's lock: a guess for a pass sent ahead runs on another thread."""
         if not k:
             return []
-        t0 = time.perf_counter()
-        draft = self._req.speculation.draft.propose(self._prompt + self.tokens, k)[:k]
-        if policy is not None:
-            policy.observe_draft(len(draft), (time.perf_counter() - t0) * 1000.0)
+        with self._draft_lock:
+            t0 = time.perf_counter()
+            draft = self._req.speculation.draft.propose([*self._prompt, *self.tokens, *after], k)[:k]
+            if policy is not None:
+                policy.observe_draft(len(draft), (time.perf_counter() - t0) * 1000.0)
         return draft
+
+    def _pipelines(self, draft: list[int], policy: KPolicy | None) -> bool:
+        """Whether the pass of `draft` may send the next pass ahead (`Speculation.pipeline`): it is
+        likely enough to be used (`worth_sending_ahead`) and the request needs tokens after it."""
+        if not self._req.speculation.pipeline:
+            return False
+        counts = self.telemetry.speculation
+        acceptance = policy.acceptance if policy is not None else (counts.accepted + 1) / (counts.drafted + 2)
+        return (worth_sending_ahead(acceptance, len(draft))
+                and len(self.tokens) + len(draft) + 1 < self._req.max_new_tokens)
+
+    def _guess(self, draft: list[int], policy: KPolicy | None) -> list[int]:
+        """The verify pass to send ahead of the answer to the pass of `draft`: the guessed token
+        after the draft, then up to len(draft) drafted tokens after it, within the request's budget
+        (`draft_budget` as if the pass kept every draft); [] when the draft has fewer than two (a
+        pass sent ahead carries a draft). Called by the engine session while the pass travels."""
+        generated = len(self.tokens) + len(draft) + 1
+        k = draft_budget(len(draft), generated, self._req.max_new_tokens)
+        guess = self._propose(k + 1, policy, after=draft)
+        return guess if len(guess) >= 2 else []
 
     def run(self) -> Generation:
         """Consume the stream and return the finished generation."""

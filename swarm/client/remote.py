@@ -23,7 +23,7 @@ import asyncio
 import dataclasses
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -242,25 +242,39 @@ class RemoteSession:
                                                 top=r.token.top)) from None
         return StepResult(token=t.token, logprob=t.logprob, top=t.top)
 
-    def verify(self, token: int, draft: Sequence[int], group_rows: int | None) -> list[StepResult]:
+    def verify(self, token: int, draft: Sequence[int], group_rows: int | None,
+               ahead: Callable[[], Sequence[int]] | None = None) -> list[StepResult]:
         """Send `token` and the drafted tokens as one verify pass in steps of `group_rows` rows (None:
         the route's proven exact group; swarm/spec/verify.py); keep the accepted rows on every hop.
+        `ahead` is called (on a worker thread) once the pass is on its way; the tokens it returns
+        (the guessed token after the draft, then drafted tokens after it) go out as the next pass
+        right behind this one (pipelining, `RouteSession.step(ahead=...)`): a later call with
+        exactly those tokens then only reads its answer.
         Returns the kept drafted tokens and the next sampled token (1..len(draft)+1, no log-probs).
         Raises:
             Rewind: as `decode`; nothing was sent."""
         x = self._embedder.embed([token, *draft])
         try:
-            new = self._loop.run(self._verify(x, [token, *draft], group_rows), CALL_TIMEOUT_S)
+            new = self._loop.run(self._verify(x, [token, *draft], group_rows, ahead), CALL_TIMEOUT_S)
         except Rewound as r:
             raise Rewind(r.position, StepResult(token=r.token.token)) from None
         return [StepResult(token=t) for t in new]
 
-    async def _verify(self, x, tokens: list[int], group_rows: int | None) -> list[int]:
+    async def _verify(self, x, tokens: list[int], group_rows: int | None,
+                      ahead: Callable[[], Sequence[int]] | None) -> list[int]:
         """Verify `tokens` (the last token, then the draft), embedded as `x`; keep the accepted rows."""
-        t = await self.route.step(x, verify=True, group_rows=group_rows,
-                                  token_ids=np.asarray(tokens, dtype=np.int32), draft=True)
+
+        async def rows_ahead() -> tuple[np.ndarray, np.ndarray] | None:
+            guess = await asyncio.to_thread(ahead)
+            return (self._embedder.embed(list(guess)), np.asarray(guess, dtype=np.int32)) if guess else None
+
+        t = await self.route.step(x, verify=True, group_rows=group_rows, token_ids=np.asarray(tokens, dtype=np.int32),
+                                  draft=True, ahead=rows_ahead if ahead is not None else None)
         new = accepted(tokens[1:], t.tokens)
         self.route.keep(len(new))
+        spec = self.route.telemetry.speculation
+        if spec is not None:
+            spec.ahead_sent, spec.ahead_used = self.route.ahead_sent, self.route.ahead_used
         return new
 
     def close(self) -> None:

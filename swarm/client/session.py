@@ -56,7 +56,10 @@ the next step goes out with `Forward.rewind`, so each hop rolls the rejected row
 computes (no round trip of its own). By default a pass is computed in groups of the route's
 `verify_rows` (the smallest group every hop proved exact at load, swarm/peer/exact_rows.py), so each
 row's output is the one-row step's, bit for bit, and the rows are recorded as one-row steps: a
-replacement replays them exactly whatever group it proved.
+replacement replays them exactly whatever group it proved. Pipelining: `step(ahead=...)` sends the
+next verify pass right behind this one on a chained route; a later `step` of exactly its rows at
+its position reads its answers only, and any other step rolls it back with `rewind` (its answers
+are skipped by step number). It is recorded for replay only once read (docs/speculative.md).
 
 Token ids (`SessionSpec.token_ids`, a model whose arch row has a `token_ids` sideband: deepseek4's
 hash-routed layers pick experts by token id): the session keeps the token id of every position it
@@ -179,6 +182,26 @@ class _HopFailed(Exception):
         self.span, self.error = span, error
 
 
+@dataclass(frozen=True)
+class _Ahead:
+    """A verify pass sent to the first hop right after the pass before it (`step(ahead=...)`), on
+    the guess that the earlier pass keeps every row: its rows start where that pass's rows end."""
+
+    step: int
+    """Its `Forward.step`."""
+    pos0: int
+    x: np.ndarray
+    hops: tuple[_Hop, ...]
+    """The route it was sent over: a route changed since (failover, repair) never answers it."""
+    steps: tuple[int, ...]
+    record: tuple[int, ...]
+
+    def carries(self, pos0: int, x: np.ndarray, hops: list[_Hop]) -> bool:
+        """Whether it is the step of rows `x` at `pos0` over `hops` (then only its answers are read)."""
+        return (self.pos0 == pos0 and len(self.hops) == len(hops) and all(a is b for a, b in zip(self.hops, hops))
+                and self.x.shape == x.shape and np.array_equal(self.x, x))
+
+
 class RouteSession:
     """A route of hops for one generation; `open`, then `step` per chunk, then `close`.
 
@@ -228,6 +251,13 @@ class RouteSession:
         self._last_pos0 = 0
         self._stale = False
         """Hops may hold rows past `pos` (a verify pass's rejected rows): the next step rewinds."""
+        self._ahead: _Ahead | None = None
+        """A verify pass in flight behind the latest step (`step(ahead=...)`), not read yet."""
+        self.ahead_sent = 0
+        """Verify passes sent ahead (`step(ahead=...)`) in this generation."""
+        self.ahead_used = 0
+        """Of them, the ones whose answers were used (the pass before kept every row and the guess
+        after it held); the others were rolled back unread."""
         self.pos = 0
         """Tokens every hop holds: the next step starts at this position."""
         self.restored_tokens = 0
@@ -295,10 +325,17 @@ class RouteSession:
         return min((h.verify_rows for h in self._hops), default=1)
 
     async def step(self, x: np.ndarray, *, verify: bool = False, group_rows: int | None = None,
-                   token_ids: np.ndarray | None = None, draft: bool = False) -> Token:
+                   token_ids: np.ndarray | None = None, draft: bool = False,
+                   ahead: Callable[[], Awaitable[tuple[np.ndarray, np.ndarray | None] | None]] | None = None,
+                   ) -> Token:
         """Run `x` (`[n, hidden]` float32, positions pos..pos+n-1) through every hop.
 
         A failed hop is replaced and replayed, and the step continues (see the module docstring).
+        Pipelined verify passes: `ahead` sends the next verify pass right after this one, before
+        this one's answer is back, on the guess that this one keeps every row; a later `step` of
+        exactly those rows at that position then only reads their answers. When the guess fails
+        (fewer rows kept, other rows next, or the route changed), the pass sent ahead is never read
+        and the next step rolls it back (`Forward.rewind`), as it does a pass's rejected rows.
         Args:
             x: the rows.
             verify: a verify pass (`Forward.verify`): the Token carries one sampled token per row.
@@ -307,6 +344,10 @@ class RouteSession:
             token_ids: `[n]` the rows' token ids; required with `spec.token_ids`, else ignored.
             draft: with `mtp_drafts`, ask the last span for its MTP head's draft after the sampled
                 token (a step whose token is kept: a prompt's last chunk, a decode step).
+            ahead: with `verify` on a chained route (server push), awaited once this pass is on its
+                way to the first hop: the next verify pass's rows `[m, hidden]` float32 (positions
+                pos+n..pos+n+m-1) and their `[m]` token ids (None without `spec.token_ids`), sent
+                at once; None from it sends nothing. Else ignored.
         Returns:
             Token: the last hop's sampled token after the last row (`tokens`: after every row).
         Raises:
@@ -324,8 +365,17 @@ class RouteSession:
         if self.spec.token_ids:
             self._record_ids(pos0, token_ids)
         pushed_step: int | None = None  # the step hop i's input was pushed with (None: send it)
-        rewind, push, sent_push = self._stale, False, False
-        steps, record = self._verify_steps(x.shape[0], verify, group_rows)
+        sent, self._ahead = self._ahead, None
+        if sent is not None and not (verify and sent.carries(pos0, x, self._hops)):
+            sent, self._stale = None, True  # the hops computed it past `pos`: roll it back
+        if sent is not None:
+            pushed_step, steps, record = sent.step, sent.steps, sent.record
+            self.ahead_used += 1
+        else:
+            steps, record = self._verify_steps(x.shape[0], verify, group_rows)
+        rewind, push, sent_push = self._stale, sent is not None, sent is not None
+        send_ahead = ahead if verify else None
+        sent_ahead, n_sent = False, self.ahead_sent
         while i < len(self._hops):
             hop, t_start, n_after = self._hops[i], self._now(), len(self._hops) - i - 1
             try:
@@ -333,11 +383,20 @@ class RouteSession:
                     # a hop that restores a prefix first must be sent its step: a pushed frame cannot say so
                     push = self.chained and not any(h.pending_restore for h in self._hops)
                     sent_push = sent_push or push
+                    then = None  # the first hop is sent the pass ahead once, right after this one
+                    if i == 0 and push and send_ahead is not None and not sent_ahead:
+                        then, sent_ahead = self._sender_ahead(pos0 + x.shape[0], send_ahead, group_rows), True
                     reply = await self._forward(hop, pos0, x, push=push, rewind=rewind, steps=steps,
-                                                verify=verify)
+                                                verify=verify, then=then)
+                elif i == 0:  # sent ahead behind the step before: its answer only
+                    if send_ahead is not None and not sent_ahead:
+                        sent_ahead = True
+                        await self._sender_ahead(pos0 + x.shape[0], send_ahead, group_rows)()
+                    reply = await self._ahead_reply(hop, sent, x)
                 else:
                     reply = await self._pushed_reply(hop, pushed_step, x.shape, verify)
                     if reply.receipt and reply.receipt != receipt(x, self._row_ids(pos0, x.shape[0])):
+                        self._ahead = None  # the route relays from now on: a pass sent ahead is never read
                         self._chain_broken(i)  # it computed other rows than the pusher says it sent
                         pushed_step, rewind = None, True
                         if not self.spec.rollback_exact:  # hop i holds the step: it cannot roll back
@@ -345,6 +404,7 @@ class RouteSession:
                             i, x = 0, x0
                         continue
             except _HopFailed as f:
+                self._ahead = None  # the route changes: a pass sent ahead is never read
                 # a later hop may hold this step from a push; if it cannot roll back, start afresh
                 whole = not self.spec.rollback_exact and sent_push and n_after > 0
                 if await self._fail_over(i, f.error, t_start, whole_route=whole):
@@ -361,7 +421,8 @@ class RouteSession:
                 else:
                     hop.claims[pos0 + x.shape[0]] = reply.token
                 self._last_pos0, self.pos = pos0, pos0 + x.shape[0]
-                self._stale = False
+                # a pass sent ahead, then dropped in a failover: the hops hold its rows past `pos`
+                self._stale = self.ahead_sent > n_sent and self._ahead is None
                 if reply.draft:  # drafting the token after the one sampled (at position pos)
                     self.telemetry.mtp_drafts[self.pos + 1] = reply.draft
                 if self.checks is not None:
@@ -442,21 +503,64 @@ class RouteSession:
     async def _forward(
         self, hop: _Hop, pos0: int, x: np.ndarray, push: bool = False, rewind: bool = False,
         steps: tuple[int, ...] = (), verify: bool = False,
+        then: Callable[[], Awaitable[None]] | None = None,
     ) -> Hidden | Token:
+        """Send hop a step of rows `x` at `pos0` and return its checked answer; `then` runs after
+        the send, before the answer is awaited (a pass sent ahead)."""
         last = hop.span.end == self.spec.n_layers
         ids = self._row_ids(pos0, x.shape[0])
         frame = Forward(step=self._step, pos0=pos0, hidden=x, restore=hop.pending_restore,
                         push=push and not last, rewind=rewind and not hop.pending_restore, steps=steps,
                         verify=verify, token_ids=ids, want_draft=self._want_draft)
         self._step += 1
-        reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy, steps))
+        reply = await self._exchange(hop, frame, step_timeout_s(hop.span, x.shape[0], self.policy, steps), then)
         hop.pending_restore = 0
-        reply = self._checked(hop, reply, x.shape, verify)
+        return self._with_receipt(hop, self._checked(hop, reply, x.shape, verify), x, ids)
+
+    def _with_receipt(self, hop: _Hop, reply: Hidden | Token, x: np.ndarray, ids: np.ndarray) -> Hidden | Token:
+        """`reply`, unless its receipt is of other rows than `x` with token ids `ids` (_HopFailed)."""
         if reply.receipt and reply.receipt != receipt(x, ids):
             raise _HopFailed(
                 hop.span, ProtocolError(f"peer {hop.peer_id[:12]}… answered with the receipt of other rows")
             )
         return reply
+
+    def _sender_ahead(
+        self, pos0: int, ahead: Callable[[], Awaitable[tuple[np.ndarray, np.ndarray | None] | None]],
+        group_rows: int | None,
+    ) -> Callable[[], Awaitable[None]]:
+        """Sends the verify pass that `ahead` gives (rows, token ids; None: none) at `pos0` to the
+        first hop with push, noting it as `_ahead`; a failed send only means it is not sent (the
+        next step sends its rows)."""
+
+        async def send() -> None:
+            rows = await ahead()
+            if rows is None or not rows[0].shape[0]:
+                return
+            x, ids = rows
+            hop = self._hops[0]
+            if self.spec.token_ids:
+                self._record_ids(pos0, ids)
+            steps, record = self._verify_steps(x.shape[0], True, group_rows)
+            frame = Forward(step=self._step, pos0=pos0, hidden=x, push=True, steps=steps, verify=True,
+                            token_ids=self._row_ids(pos0, x.shape[0]), want_draft=self._want_draft)
+            self._step += 1
+            timeout_s = step_timeout_s(hop.span, x.shape[0], self.policy, steps)
+            try:
+                hop.telemetry.bytes_sent += await hop.link.send(frame, timeout_s)
+            except SwarmError:
+                return
+            self._ahead = _Ahead(frame.step, pos0, x, tuple(self._hops), steps, record)
+            self.ahead_sent += 1
+
+        return send
+
+    async def _ahead_reply(self, hop: _Hop, sent: _Ahead, x: np.ndarray) -> Hidden | Token:
+        """The first hop's answer to the verify pass `sent` ahead (rows `x`)."""
+        t0 = self._now()
+        reply = await self._receive(hop, sent.step, step_timeout_s(hop.span, x.shape[0], self.policy, sent.steps), t0)
+        return self._with_receipt(hop, self._checked(hop, reply, x.shape, True), x,
+                                  self._row_ids(sent.pos0, x.shape[0]))
 
     async def _pushed_reply(
         self, hop: _Hop, step: int, shape: tuple[int, ...], verify: bool
@@ -479,14 +583,19 @@ class RouteSession:
             hop.span, ProtocolError(f"peer {hop.peer_id[:12]}… answered a bad {type(reply).__name__}")
         )
 
-    async def _exchange(self, hop: _Hop, frame: Frame, timeout_s: float) -> Frame:
+    async def _exchange(
+        self, hop: _Hop, frame: Frame, timeout_s: float, then: Callable[[], Awaitable[None]] | None = None
+    ) -> Frame:
         """Send `frame` to the hop and return its answer (an Error raises _HopFailed): relaying is
-        a send and the receive of the matching answer, over the one link protocol."""
+        a send and the receive of the matching answer, over the one link protocol. `then` runs
+        between the two."""
         t0 = self._now()
         try:
             hop.telemetry.bytes_sent += await hop.link.send(frame, timeout_s)
         except SwarmError as e:
             raise _HopFailed(hop.span, e) from e
+        if then is not None:
+            await then()
         return await self._receive(hop, getattr(frame, "step", None), timeout_s, t0)
 
     async def _receive(self, hop: _Hop, step: int | None, timeout_s: float, t0: float) -> Frame:

@@ -190,6 +190,8 @@ class GenerationTelemetry:
             s = self.speculation
             line += (f", speculation: {s.accepted}/{s.drafted} drafted tokens accepted "
                      f"({s.rate:.0%}), {s.tokens_per_pass:.2f} tokens per pass")
+            if s.ahead_sent:
+                line += f", {s.ahead_used}/{s.ahead_sent} passes sent ahead used"
         for f in self.failovers:
             line += (
                 f"\n  failover [{f.start}:{f.end}) {f.peer_id[:12]}… ({f.reason}) "

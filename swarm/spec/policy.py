@@ -154,6 +154,19 @@ class KPolicy:
                 DECAY * self._draft_ms_per_token + (1.0 - DECAY) * per)
 
 
+AHEAD_MIN_USE = 0.4
+"""Send a pass ahead (pipelining) only when it is at least this likely to be used: a pass sent ahead
+that is not used cost every hop its rows' compute for nothing."""
+
+
+def worth_sending_ahead(acceptance: float, k: int) -> bool:
+    """Whether to send the next verify pass ahead, behind a pass of `k` drafted tokens still in
+    flight. It is used only when that pass keeps all k drafts and the guess of the token after them
+    holds: k + 1 guesses, each kept with probability `acceptance` under the geometric model (see
+    `expected_tokens`), so acceptance^(k+1) >= AHEAD_MIN_USE."""
+    return acceptance ** (k + 1) >= AHEAD_MIN_USE
+
+
 def shadow_kept(proposal: Sequence[int], decoded: Sequence[int]) -> int | None:
     """How many tokens of a shadow draft the decoding that followed it confirmed, or None while
     that is not known yet (`decoded`, the tokens decoded since the draft, agrees with all of

@@ -91,11 +91,15 @@ class Acceptance:
         passes: verify passes sent.
         drafted: drafted tokens sent in them.
         accepted: drafted tokens kept.
+        ahead_sent: passes sent ahead, behind a pass still in flight (pipelining).
+        ahead_used: of them, the ones whose answers were used (the rest were rolled back unread).
     """
 
     passes: int = 0
     drafted: int = 0
     accepted: int = 0
+    ahead_sent: int = 0
+    ahead_used: int = 0
 
     def add(self, drafted: int, kept: int) -> None:
         """Count one pass of `drafted` drafted tokens of which `kept` were kept."""

@@ -21,6 +21,7 @@ from swarm.client.connection import SwarmConnection
 from swarm.client.remote import connect_swarm
 from swarm.client.telemetry import GenerationTelemetry
 from swarm.sampling import SamplingParams
+from swarm.spec import policy
 from swarm.manifest import build_manifest
 
 from tests.helpers.oracle import contract_tokens, oracle
@@ -140,9 +141,12 @@ def test_generation_survives_its_middle_peer(swarm, expected, sig, reason):
     swarm.heal()  # also: every live peer's sessions were released
 
 
-def test_a_speculating_generation_survives_its_middle_peer_killed(swarm, expected):
-    # verify passes of prompt-lookup drafts; kill -9 after 5 deltas: the replacement replays exactly
-    # the kept rows (rejected ones were cut from the recorded steps), and the text is unchanged
+def test_a_speculating_generation_survives_its_middle_peer_killed(swarm, expected, monkeypatch):
+    # verify passes of prompt-lookup drafts, each sending the next one ahead (pipelined: the bar
+    # for sending one lowered to 0); kill -9 after 5 deltas: the replacement replays exactly the kept
+    # rows (rejected rows and passes sent ahead never read are not in the recorded steps), and the
+    # text is unchanged
+    monkeypatch.setattr(policy, "AHEAD_MIN_USE", 0.0)
     swarm.heal()
     with Client(str(swarm.model_path), initial_peers=[swarm.join], adaptive_speculation=False) as client:
         got, victim = generate_breaking_the_middle(swarm, client, signal.SIGKILL, speculate=4)
@@ -151,7 +155,7 @@ def test_a_speculating_generation_survives_its_middle_peer_killed(swarm, expecte
     assert (f.peer_id, f.reason) == (swarm.by_name[victim].peer_id, "unreachable")
     assert f.replayed_tokens == f.position
     s = got.telemetry.speculation
-    assert s.passes > 0 and s.accepted > 0
+    assert s.passes > 0 and s.accepted > 0 and s.ahead_sent > 0
     swarm.heal()
 
 

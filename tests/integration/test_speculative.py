@@ -19,6 +19,7 @@ import pytest
 
 from swarm import Client
 from swarm.errors import ModelError
+from swarm.spec import policy
 from tests.helpers.oracle import PROMPT
 from tests.helpers.peers import PeerSet, serve_args
 
@@ -65,15 +66,41 @@ def test_adaptive_draft_length_keeps_the_plain_tokens(smol_swarm, smollm2_path, 
 
 
 @pytest.mark.parametrize("seed", [1, 7, 12345])
-def test_seeded_sampling_speculative_text_equals_plain_sampling(smol_swarm, smollm2_path, seed):
+def test_seeded_sampling_speculative_text_equals_plain_sampling(smol_swarm, smollm2_path, monkeypatch, seed):
     # the last span draws every row with the seed of its position, as a decode step does: a kept
-    # drafted token is the token plain sampling draws there (swarm/spec/verify.py)
+    # drafted token is the token plain sampling draws there (swarm/spec/verify.py); passes sent
+    # ahead (on every pass here) draw with the seeds of their own positions too
+    monkeypatch.setattr(policy, "AHEAD_MIN_USE", 0.0)
     sampling = dict(temperature=0.8, top_p=0.95, seed=seed)
     with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs,
                 adaptive_speculation=False) as client:
         plain = client.generate(COPY_PROMPT, max_new_tokens=N_NEW, **sampling)
         got = speculated(client, COPY_PROMPT, **sampling)
     assert got.tokens == plain.tokens
+    assert got.telemetry.speculation.ahead_sent > 0
+
+
+@pytest.mark.parametrize("draft, prompt", [("lookup", COPY_PROMPT), ("self", PROMPT)], ids=["lookup-copy", "self"])
+def test_pipelined_passes_keep_the_plain_tokens(smol_swarm, smollm2_path, monkeypatch, draft, prompt):
+    # Every pass sends the next one ahead here (the bar that keeps unlikely passes from being sent
+    # is lowered to 0): a pass sent ahead is read where the pass before kept every row and the guess
+    # after them held, and otherwise rolled back unread by the next step's rewind on every hop.
+    monkeypatch.setattr(policy, "AHEAD_MIN_USE", 0.0)
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs, draft=draft,
+                adaptive_speculation=False) as client:
+        plain = client.generate(prompt, max_new_tokens=N_NEW)
+        client.pipeline_speculation = False
+        one = speculated(client, prompt)
+        client.pipeline_speculation = True
+        piped = speculated(client, prompt)
+    assert one.tokens == plain.tokens and piped.tokens == plain.tokens
+    assert one.telemetry.speculation.ahead_sent == 0
+    s = piped.telemetry.speculation
+    assert 0 < s.ahead_used < s.ahead_sent  # both kinds: used, and rolled back unread
+    # every hop answered each pass sent ahead once; the client read the used ones and skipped the
+    # others' answers while waiting for the next step's (`RouteSession._receive`)
+    assert piped.telemetry.finish_reason == "length"
+    assert [h.skipped_replies for h in piped.telemetry.route] == [s.ahead_sent - s.ahead_used] * 3
 
 
 NOVEL_PROMPT = ("Write a short story about a lighthouse keeper who finds a message in a bottle.\n\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.spec.policy import KPolicy, expected_tokens, shadow_kept
+from swarm.spec.policy import KPolicy, expected_tokens, shadow_kept, worth_sending_ahead
 
 pytestmark = pytest.mark.quick
 
@@ -13,6 +13,15 @@ def test_expected_tokens_is_the_geometric_sum():
     assert expected_tokens(0.0, 4) == 1.0
     assert expected_tokens(1.0, 4) == 5.0
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_a_pass_is_sent_ahead_only_where_it_is_likely_to_be_used():
+    # used only when the pass before keeps all k drafts and the guess after them holds: a^(k+1)
+    assert worth_sending_ahead(0.93, 4)  # 0.70: Qwen copying code with prompt lookup
+    assert worth_sending_ahead(0.93, 8)  # 0.52
+    assert not worth_sending_ahead(0.75, 4)  # 0.24: a self-draft on novel text, long drafts
+    assert worth_sending_ahead(0.75, 2)  # 0.42: the same, short drafts
+    assert not worth_sending_ahead(0.3, 1)
 
 
 def _trained(step_ms: float, row_ms: float, drafted: int, kept: int, passes: int = 20) -> KPolicy:

@@ -27,8 +27,12 @@ def test_summary_and_usage_carry_speculation_counts():
     assert "speculation" not in usage(30, 10).model_dump()
     t.speculation = Acceptance(passes=4, drafted=16, accepted=12)
     assert "speculation: 12/16 drafted tokens accepted (75%), 4.00 tokens per pass" in t.summary()
+    assert "sent ahead" not in t.summary()
+    t.speculation.ahead_sent, t.speculation.ahead_used = 3, 2
+    assert "4.00 tokens per pass, 2/3 passes sent ahead used" in t.summary()
     assert usage(30, 17, t.speculation).model_dump()["speculation"] == {
         "passes": 4, "drafted_tokens": 16, "accepted_tokens": 12, "acceptance_rate": 0.75,
-        "tokens_per_pass": 4.0,
+        "tokens_per_pass": 4.0, "passes_sent_ahead": 3, "passes_sent_ahead_used": 2,
     }
-    assert t.to_dict()["speculation"] == {"passes": 4, "drafted": 16, "accepted": 12}
+    assert t.to_dict()["speculation"] == {"passes": 4, "drafted": 16, "accepted": 12, "ahead_sent": 3,
+                                          "ahead_used": 2}
