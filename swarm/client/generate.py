@@ -186,6 +186,7 @@ class TokenStream:
         self._rewound: tuple[int, tuple[int, ...]] | None = None
         """The latest rewind's token position and replaced tokens, for its `Correction`."""
         self._draft_lock = threading.Lock()
+        self._draft_closed = False
         self._iter = self._run()
 
     def __iter__(self) -> Iterator[str | Correction]:
@@ -231,6 +232,7 @@ class TokenStream:
             session.close()
             if self._req.speculation is not None and hasattr(self._req.speculation.draft, "close"):
                 with self._draft_lock:  # a guess may still be running on the engine's thread
+                    self._draft_closed = True
                     self._req.speculation.draft.close()  # a draft model's context goes back to its pool
         decoder.finish()
         yield from self._give_out(decoder.text, final=True)
@@ -342,6 +344,8 @@ class TokenStream:
         if not k:
             return []
         with self._draft_lock:
+            if self._draft_closed:  # a late guess after the generation ended
+                return []
             t0 = time.perf_counter()
             draft = self._req.speculation.draft.propose([*self._prompt, *self.tokens, *after], k)[:k]
             if policy is not None:

@@ -191,15 +191,18 @@ class _Ahead:
     """Its `Forward.step`."""
     pos0: int
     x: np.ndarray
+    ids: np.ndarray
+    """Its `Forward.token_ids` (empty without `SessionSpec.token_ids`)."""
     hops: tuple[_Hop, ...]
     """The route it was sent over: a route changed since (failover, repair) never answers it."""
     steps: tuple[int, ...]
     record: tuple[int, ...]
 
-    def carries(self, pos0: int, x: np.ndarray, hops: list[_Hop]) -> bool:
-        """Whether it is the step of rows `x` at `pos0` over `hops` (then only its answers are read)."""
+    def carries(self, pos0: int, x: np.ndarray, ids: np.ndarray, hops: list[_Hop]) -> bool:
+        """Whether it is the step of rows `x` with token ids `ids` at `pos0` over `hops` (then only
+        its answers are read)."""
         return (self.pos0 == pos0 and len(self.hops) == len(hops) and all(a is b for a, b in zip(self.hops, hops))
-                and self.x.shape == x.shape and np.array_equal(self.x, x))
+                and self.x.shape == x.shape and np.array_equal(self.x, x) and np.array_equal(self.ids, ids))
 
 
 class RouteSession:
@@ -366,11 +369,10 @@ class RouteSession:
             self._record_ids(pos0, token_ids)
         pushed_step: int | None = None  # the step hop i's input was pushed with (None: send it)
         sent, self._ahead = self._ahead, None
-        if sent is not None and not (verify and sent.carries(pos0, x, self._hops)):
+        if sent is not None and not (verify and sent.carries(pos0, x, self._row_ids(pos0, x.shape[0]), self._hops)):
             sent, self._stale = None, True  # the hops computed it past `pos`: roll it back
         if sent is not None:
             pushed_step, steps, record = sent.step, sent.steps, sent.record
-            self.ahead_used += 1
         else:
             steps, record = self._verify_steps(x.shape[0], verify, group_rows)
         rewind, push, sent_push = self._stale, sent is not None, sent is not None
@@ -380,6 +382,11 @@ class RouteSession:
             hop, t_start, n_after = self._hops[i], self._now(), len(self._hops) - i - 1
             try:
                 if pushed_step is None:
+                    if i:
+                        # A later hop is sent this step by relay while the pass sent ahead may reach it
+                        # by push: nothing orders the two streams, so that pass may have run before
+                        # this step there. It is never read; the next step rolls it back.
+                        self._ahead = None
                     # a hop that restores a prefix first must be sent its step: a pushed frame cannot say so
                     push = self.chained and not any(h.pending_restore for h in self._hops)
                     sent_push = sent_push or push
@@ -404,7 +411,7 @@ class RouteSession:
                             i, x = 0, x0
                         continue
             except _HopFailed as f:
-                self._ahead = None  # the route changes: a pass sent ahead is never read
+                self._ahead, sent = None, None  # the route changes: a pass sent ahead is never read
                 # a later hop may hold this step from a push; if it cannot roll back, start afresh
                 whole = not self.spec.rollback_exact and sent_push and n_after > 0
                 if await self._fail_over(i, f.error, t_start, whole_route=whole):
@@ -423,6 +430,7 @@ class RouteSession:
                 self._last_pos0, self.pos = pos0, pos0 + x.shape[0]
                 # a pass sent ahead, then dropped in a failover: the hops hold its rows past `pos`
                 self._stale = self.ahead_sent > n_sent and self._ahead is None
+                self.ahead_used += sent is not None
                 if reply.draft:  # drafting the token after the one sampled (at position pos)
                     self.telemetry.mtp_drafts[self.pos + 1] = reply.draft
                 if self.checks is not None:
@@ -550,7 +558,7 @@ class RouteSession:
                 hop.telemetry.bytes_sent += await hop.link.send(frame, timeout_s)
             except SwarmError:
                 return
-            self._ahead = _Ahead(frame.step, pos0, x, tuple(self._hops), steps, record)
+            self._ahead = _Ahead(frame.step, pos0, x, frame.token_ids, tuple(self._hops), steps, record)
             self.ahead_sent += 1
 
         return send
@@ -595,7 +603,9 @@ class RouteSession:
         except SwarmError as e:
             raise _HopFailed(hop.span, e) from e
         if then is not None:
+            t_then = self._now()
             await then()
+            t0 += self._now() - t_then  # the hop's time to answer does not include ours
         return await self._receive(hop, getattr(frame, "step", None), timeout_s, t0)
 
     async def _receive(self, hop: _Hop, step: int | None, timeout_s: float, t0: float) -> Frame:
