@@ -16,7 +16,7 @@ from swarm.dht.identity import IdentityError, load_or_create_identity
 from swarm.dht.node import DHTError, SwarmDHT
 from swarm.dht.records import ANNOUNCE_SUBKEY_TAG, Announcement, announcements_key, encode_announcement
 from swarm.errors import ProtocolError
-from swarm.limits import MAX_SUBKEYS_PER_OWNER
+from swarm.limits import MAX_RECORD_TTL_S, MAX_SUBKEYS_PER_OWNER
 
 from tests.helpers.peers import wait_for
 
@@ -213,17 +213,17 @@ def test_forged_unsigned_and_malformed_records_are_rejected(loop, nodes, tmp_pat
     )
     try:
         # B's subkey, no signature at all
-        assert unsigned.store(key, ann_b, exp, subkey=b_marker) is False
+        assert unsigned.store(key, ann_b, exp, subkey=b_marker, exclude_self=True) is False
         # B's subkey, signed by the attacker's key
-        assert forger.store(key, ann_b, exp, subkey=b_marker) is False
+        assert forger.store(key, ann_b, exp, subkey=b_marker, exclude_self=True) is False
         # the attacker's own subkey, properly signed, but claiming B's peer id
-        assert forger.store(key, ann_b, exp, subkey=own_marker) is False
+        assert forger.store(key, ann_b, exp, subkey=own_marker, exclude_self=True) is False
         # the attacker's own subkey, properly signed, schema-malformed
-        assert forger.store(key, dict(ann_own, start=25, end=5), exp, subkey=own_marker) is False
-        assert forger.store(key, dict(ann_own, free_cache_tokens=-1), exp, subkey=own_marker) is False
+        for malformed in (dict(ann_own, start=25, end=5), dict(ann_own, free_cache_tokens=-1)):
+            assert forger.store(key, malformed, exp, subkey=own_marker, exclude_self=True) is False
         assert loop.run_until_complete(c.get_announcements(model)) == []
         # control: well formed, own key, own peer id
-        assert forger.store(key, ann_own, exp, subkey=own_marker) is True
+        assert forger.store(key, ann_own, exp, subkey=own_marker, exclude_self=True) is True
         found = poll(loop, lambda: c.get_announcements(model), "C reads the control record", bool)
         assert [x.peer_id for x in found] == [attacker_id.peer_id]
     finally:
@@ -231,7 +231,20 @@ def test_forged_unsigned_and_malformed_records_are_rejected(loop, nodes, tmp_pat
         forger.shutdown()
 
 
-def test_a_strangers_plain_value_does_not_erase_the_swarm(loop, nodes):
+async def _store_signed(key: str, records: list[tuple], _dht, node) -> dict:
+    """Run inside an attacker's hivemind DHT process: store (subkey, value, expiration) records under
+    `key` (subkey None: a plain value), signed by the process's RSA validator where the subkey names its
+    owner, on the swarm's nodes only (exclude_self: the attacker's
+    own plain storage takes anything, and hivemind reports its own store as an ack when no remote store
+    answers). Returns, per subkey, whether the nodes acknowledged it."""
+    subkeys = [subkey for subkey, _, _ in records]
+    values = [value for _, value, _ in records]
+    expirations = [expiration for _, _, expiration in records]
+    ok = await node.store_many([key] * len(records), values, expirations, subkeys=subkeys, exclude_self=True)
+    return {subkey: ok[key if subkey is None else (key, subkey)] for subkey in subkeys}
+
+
+def test_a_strangers_plain_value_does_not_erase_the_swarm(loop, nodes, tmp_path):
     """issue 24: a plain value (no subkey) stored for 10 years under a model's spans key by a third,
     plain hivemind node replaced the dictionary of every peer's announcement. Now every node refuses
     it (and unsigned junk subkeys), C still lists B, and B's refresh is still accepted."""
@@ -241,13 +254,20 @@ def test_a_strangers_plain_value_does_not_erase_the_swarm(loop, nodes):
     loop.run_until_complete(b.announce(announcement(b, model), expiration_s=60))
     poll(loop, lambda: c.get_announcements(model), "C sees B's announcement", lambda got: len(got) == 1)
 
-    stranger = hivemind.DHT(initial_peers=a.visible_maddrs(), start=True, client_mode=True)
+    # the stranger also stores one well-formed signed record in the same message: its acceptance shows
+    # the refusals are the nodes' answers, not stores that never arrived
+    signer = RSASignatureValidator(load_or_create_identity(tmp_path / "stranger").private_key)
+    stranger = hivemind.DHT(initial_peers=a.visible_maddrs(), start=True, client_mode=True,
+                            record_validators=[signer])
     try:
-        ten_years = get_dht_time() + 10 * 365 * 86400
-        assert stranger.store(key, {"erased": True}, ten_years) is False
-        assert stranger.store(key, b"x" * 1000, get_dht_time() + 60, subkey=b"junk0") is False
+        now = get_dht_time()
+        signed = b"blob:fine" + signer.local_public_key
+        answers = stranger.run_coroutine(functools.partial(_store_signed, key, [
+            (None, {"erased": True}, now + 10 * 365 * 86400), (b"junk0", b"x" * 1000, now + 60),
+            (signed, b"p", now + 60)]))
     finally:
         stranger.shutdown()
+    assert answers == {None: False, b"junk0": False, signed: True}
     assert [x.peer_id for x in loop.run_until_complete(c.get_announcements(model))] == [b.peer_id]
     loop.run_until_complete(b.announce(announcement(b, model, start=0), expiration_s=60))
     refreshed = lambda got: [x.start for x in got] == [0]  # noqa: E731
@@ -268,18 +288,19 @@ async def _store_junk(key: str, names: range, marker: bytes, value: bytes, expir
     """Run inside an attacker's hivemind DHT process (the subkeys are made there: hivemind's pipe to it
     takes small messages only): store blob:junk<i> signed by `marker`'s key for i in `names`, return
     how many were accepted."""
-    subkeys = [b"blob:junk%d" % i + marker for i in names]
-    ok = await node.store_many([key] * len(subkeys), [value] * len(subkeys), expiration, subkeys=subkeys)
-    return sum(bool(x) for x in ok.values())
+    records = [(b"blob:junk%d" % i + marker, value, expiration) for i in names]
+    return sum((await _store_signed(key, records, _dht, node)).values())
 
 
-async def _held(key: str, _dht, node) -> tuple[int, int]:
-    """Run inside a DHT node's process: (subkeys, bytes) its storage holds under `key`, the bytes being
-    what it sends a reader who asks for the key (hivemind serializes the stored dictionary whole)."""
+async def _held(key: str, _dht, node) -> tuple[int, int, float]:
+    """Run inside a DHT node's process: (subkeys, bytes, latest expiration) its storage holds under `key`,
+    the bytes being what it sends a reader who asks for the key (hivemind serializes the stored
+    dictionary whole)."""
     item = node.protocol.storage.get(DHTID.generate(source=key))
     if item is None:
-        return 0, 0
-    return len(list(item.value.items())), len(MSGPackSerializer.dumps(item.value))
+        return 0, 0, 0.0
+    latest = max((expiration for _, (_, expiration) in item.value.items()), default=0.0)
+    return len(list(item.value.items())), len(MSGPackSerializer.dumps(item.value)), latest
 
 
 def test_twenty_thousand_signed_junk_subkeys_stay_bounded(loop, nodes, tmp_path):
@@ -287,7 +308,7 @@ def test_twenty_thousand_signed_junk_subkeys_stay_bounded(loop, nodes, tmp_path)
     reader downloaded ~20 MB. Now they must be signed, and each node stores at most
     MAX_SUBKEYS_PER_OWNER of one signer's (and at most MAX_KEY_BYTES per key), so a reader downloads
     under 300 kB from each node; the honest peer is still listed and can refresh; a signed record
-    expiring in 10 years is refused."""
+    expiring in 10 years is refused (by every node: the attacker's own storage does not count)."""
     a, b, c = nodes
     model = "d2" * 16
     key = announcements_key(model)
@@ -306,18 +327,29 @@ def test_twenty_thousand_signed_junk_subkeys_stay_bounded(loop, nodes, tmp_path)
             accepted += stranger.run_coroutine(
                 functools.partial(_store_junk, key, batch, marker, b"j" * 1000, get_dht_time() + 120)
             )
-        ten_years = functools.partial(_store_junk, key, range(JUNK_SUBKEYS, JUNK_SUBKEYS + 1), marker, b"p",
-                                      get_dht_time() + 10 * 365 * 86400)
-        assert stranger.run_coroutine(ten_years) == 0
     finally:
         stranger.shutdown()
+    # A second signer, under its own share: its 10-year record is refused, its 2-minute one in the same
+    # message is taken (so the refusal is the nodes' answer, not a store that never arrived).
+    other = RSASignatureValidator(load_or_create_identity(tmp_path / "ten-years").private_key)
+    stranger = hivemind.DHT(initial_peers=a.visible_maddrs(), start=True, client_mode=True,
+                            record_validators=[other])
+    try:
+        now = get_dht_time()
+        short, ten_years = (b"blob:%s" % name + other.local_public_key for name in (b"short", b"ten-years"))
+        answers = stranger.run_coroutine(functools.partial(
+            _store_signed, key, [(short, b"p", now + 120), (ten_years, b"p", now + 10 * 365 * 86400)]))
+    finally:
+        stranger.shutdown()
+    assert answers == {short: True, ten_years: False}
     assert 0 < accepted <= MAX_SUBKEYS_PER_OWNER  # every batch past the first share refused
     held = [node._dht.run_coroutine(functools.partial(_held, key)) for node in nodes]  # noqa: SLF001
-    storing = [(n, size) for n, size in held if n]
+    storing = [(n, size) for n, size, _ in held if n]
     assert storing, held
-    for n, size in storing:
-        assert n <= MAX_SUBKEYS_PER_OWNER + 1  # the signer's share, and B's announcement
+    for n, size, latest in held:
+        assert n <= MAX_SUBKEYS_PER_OWNER + 2  # the signer's share, the second signer's, B's announcement
         assert size < 300_000  # was ~34 MB: 20,000 signed 1 kB blobs
+        assert latest < get_dht_time() + MAX_RECORD_TTL_S
     print(f"junk flood: {JUNK_SUBKEYS} signed 1 kB subkeys sent; each storing node keeps (subkeys, bytes) "
           f"{storing}")
     assert [x.peer_id for x in loop.run_until_complete(c.get_announcements(model))] == [b.peer_id]
