@@ -10,8 +10,9 @@ one client per draft, with its own plain rows. Each (draft, task, k) runs `--rep
 warm-up, with k fixed and adaptive (swarm/spec/policy.py: 0..k per pass as measured, 0 being plain
 decoding), each with one verify pass in flight and pipelined (`--pipeline off on`: up to two in
 flight, the next pass sent before the last one is back where it is likely to be used;
-`Speculation.pipeline`); figures are medians. `passes_in_flight` is the most passes in flight (1 or
-2); `ahead_used` / `ahead_sent` count the passes sent ahead that were used.
+`Speculation.pipeline`). The repeats go round plain and every mode in turn; figures are medians.
+`passes_in_flight` is the most passes in flight (1 or 2); `ahead_used` / `ahead_sent` count the
+passes sent ahead that were used.
 
 RTT modes: `--rtt 0` (the default) runs a loopback swarm on 127.0.0.1 (three `swarm serve` processes
 of the model's thirds, 1 thread each) and the client in this process. Any other RTT runs in the
@@ -74,11 +75,17 @@ def run_draft(model: str, initial_peers: list[str], draft: str, tasks: list[str]
         for task in tasks:
             prompt = TASKS[task]
             plain_text = None
-            modes = [(k, a, p) for k in k_values for a in (False, True) for p in pipelines]
-            for k, adaptive, pipeline in [(0, False, False), *modes]:
-                client.adaptive_speculation, client.pipeline_speculation = adaptive, pipeline
-                runs = [client.generate(prompt, max_new_tokens=n_decode + 1, speculate=k)
-                        for _ in range(repeats)]
+            modes = [(0, False, False)]
+            modes += [(k, a, p) for k in k_values for a in (False, True) for p in pipelines]
+            # Repeats go round the modes in turn, plain included, so a drift of the machine's speed
+            # (other tenants, a 2-core machine's turbo) lands on every mode alike, not on the last ones.
+            by_mode: dict[tuple, list] = {mode: [] for mode in modes}
+            for _ in range(repeats):
+                for k, adaptive, pipeline in modes:
+                    client.adaptive_speculation, client.pipeline_speculation = adaptive, pipeline
+                    by_mode[k, adaptive, pipeline].append(
+                        client.generate(prompt, max_new_tokens=n_decode + 1, speculate=k))
+            for (k, adaptive, pipeline), runs in by_mode.items():
                 s = [r.telemetry.speculation for r in runs]
                 row = {
                     "task": task,

@@ -5,7 +5,8 @@
 #   scripts/test.sh [all]   + real peers on 127.0.0.1: tests/integration; the default, what CI runs
 # The markers come from tests/helpers/markers.py. Further arguments go to pytest
 # (scripts/test.sh model -x -k chain); test paths among them (scripts/test.sh all tests/unit/x.py)
-# run instead of the whole tests/ tree. The wall time is printed after pytest's summary line.
+# run instead of the whole tests/ tree. The 25 slowest test phases are printed before pytest's summary
+# line, the wall time after it.
 # Test files run on SWARM_TEST_WORKERS pytest-xdist workers (default 2; 0 runs them in this process):
 # most of a peer test's time is spent waiting (DHT joins, dials, expiries), so two files at once
 # keep two cores busy. A file stays on one worker (--dist loadfile): its module fixtures' peers
@@ -30,7 +31,7 @@ parallel=()
 [ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadfile)
 start=$SECONDS
 rc=0
-.venv/bin/python -m pytest -q -p no:cacheprovider ${parallel[@]+"${parallel[@]}"} ${select[@]+"${select[@]}"} "$@" ${paths[@]+"${paths[@]}"} || rc=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 ${parallel[@]+"${parallel[@]}"} ${select[@]+"${select[@]}"} "$@" ${paths[@]+"${paths[@]}"} || rc=$?
 took=$((SECONDS - start))
 echo "scripts/test.sh $tier: wall time $((took / 60)) min $((took % 60)) s"
 exit $rc

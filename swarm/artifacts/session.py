@@ -31,7 +31,7 @@ import re
 import socket
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,6 +259,7 @@ class ArtifactSession:
         timeout_s: float = 600.0,
         stall_timeout_s: float = 30.0,
         progress: bool = True,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> FetchResult:
         """Download the pieces behind `byte_ranges` into a sparse `dest_path`, verified.
 
@@ -272,6 +273,9 @@ class ArtifactSession:
             timeout_s: bound on the whole call.
             stall_timeout_s: give up when no payload byte arrives for this long.
             progress: show a tqdm bar on stderr (bytes, rate, ETA).
+            on_progress: called after each poll (every 100 ms at most) with (bytes of wanted
+                pieces verified, bytes wanted); an exception it raises interrupts the fetch the
+                way Ctrl-C does, keeping the progress for the next call, and propagates.
         Returns:
             FetchResult; the file is seeded by this session until `close`.
         Raises:
@@ -294,7 +298,9 @@ class ArtifactSession:
         handle = self._ses.add_torrent(atp)
         state = self._fetching[torrent.infohash] = FetchState(manifest, torrent)
         try:
-            self._download(handle, state, peers, resume_path, t0 + timeout_s, stall_timeout_s, progress)
+            self._download(
+                handle, state, peers, resume_path, t0 + timeout_s, stall_timeout_s, progress, on_progress
+            )
             try:
                 verify_file(part, manifest, ranges)
                 handle.rename_file(0, dest.name)  # libtorrent keeps seeding it under the final name
@@ -384,6 +390,7 @@ class ArtifactSession:
         deadline: float,
         stall_timeout_s: float,
         progress: bool,
+        on_progress: Callable[[int, int], None] | None,
     ) -> None:
         """Connect the peers and wait until every wanted piece is on disk.
 
@@ -391,7 +398,7 @@ class ArtifactSession:
         """
         try:
             _connect(handle, peers)
-            self._wait_for_pieces(handle, state, deadline, stall_timeout_s, progress)
+            self._wait_for_pieces(handle, state, deadline, stall_timeout_s, progress, on_progress)
             # A piece counts as had once its hash passes, possibly before it reaches the disk.
             handle.flush_cache()
             self._await(lambda: state.flushed, state, "flushing the fetched pieces to disk")
@@ -430,6 +437,7 @@ class ArtifactSession:
         deadline: float,
         stall_timeout_s: float,
         progress: bool,
+        on_progress: Callable[[int, int], None] | None,
     ) -> None:
         """Pump alerts until every wanted piece is in; raise on disk error, stall or deadline."""
         torrent = state.torrent
@@ -455,6 +463,8 @@ class ArtifactSession:
                 bar.total = st.total_wanted
                 bar.n = st.total_wanted_done
                 bar.refresh()
+                if on_progress is not None and not checking:
+                    on_progress(st.total_wanted_done, st.total_wanted)
                 if not checking and st.total_wanted_done >= st.total_wanted:
                     return
                 now = time.monotonic()
