@@ -273,9 +273,10 @@ class ArtifactSession:
             timeout_s: bound on the whole call.
             stall_timeout_s: give up when no payload byte arrives for this long.
             progress: show a tqdm bar on stderr (bytes, rate, ETA).
-            on_progress: called after each poll (every 100 ms at most) with (bytes of wanted
-                pieces verified, bytes wanted); an exception it raises interrupts the fetch the
-                way Ctrl-C does, keeping the progress for the next call, and propagates.
+            on_progress: called after each poll of the alerts (about every 100 ms, sooner when alerts
+                arrive) with (bytes of wanted pieces verified, bytes wanted); an exception it
+                raises interrupts the fetch the way Ctrl-C does, keeping the progress for the
+                next call, and propagates.
         Returns:
             FetchResult; the file is seeded by this session until `close`.
         Raises:
