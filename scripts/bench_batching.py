@@ -37,7 +37,8 @@ from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.ggml_bridge.slicing import read_span_layers
 from swarm.models import resolve_model
-from swarm.peer.scheduler import StepScheduler, exact_batch_cap
+from swarm.peer.exact_rows import exact_batch_cap
+from swarm.peer.scheduler import StepScheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.bench_swarm import machine  # noqa: E402

@@ -7,14 +7,17 @@ One `swarm serve` peer holds the whole model (default limits, 8 session slots, m
             Telemetry) on the idle peer, then while a greedy client holds 32 streams on the peer
             (16 are refused at its stream limit; of the 16 held, 4 get sessions, the rest BUSY at
             its session limit) and keeps its 4 sessions busy: `--load decode` steps them one token
-            at a time, `--load prefill` sends them 256-row prefills over and over. Prints the
-            ratios loaded / idle (target: within 1.5x) and the greedy client's answers by reason.
+            at a time, `--load prefill` sends them 256-row prefills over and over; the modest
+            client starts once the greedy one has kept its load up for `--greedy-s` seconds (a hog
+            that was there first). Prints the ratios loaded / idle (target: within 1.5x), the
+            greedy client's answers by reason, its steps while the modest client ran, and the
+            scheduler's holds (units held back for the modest client's due steps).
   frames:   24 frames of 60 MiB sent at once from 6 clients (4 streams each): the peer's RSS before,
             at most during (sampled) and after, the most frame bytes it held in flight (its metric),
             and the answers (PROTOCOL: read and refused as a malformed frame; BUSY: refused unread
             at a client's byte budget).
 
-    python scripts/bench_limits.py [--model smollm2] [--tokens 32] [--load decode|prefill|both]
+    python scripts/bench_limits.py [--model smollm2] [--tokens 32] [--load decode|prefill|both] [--greedy-s 3]
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ async def hammer(sessions, stop: threading.Event, n_embd: int, load: str, steps:
     await asyncio.gather(*(one(s) for s in sessions))
 
 
-def fairness(path: Path, peer, tmp: Path, tokens: int, load: str) -> dict:
+def fairness(path: Path, peer, port: int, tmp: Path, tokens: int, load: str, greedy_s: float) -> dict:
     idle = modest_run(path, peer.maddrs, tokens)
     greedy = RawClient(peer, build_manifest(path).model_id, fresh(tmp, f"greedy-{load}"))
     try:
@@ -97,10 +100,14 @@ def fairness(path: Path, peer, tmp: Path, tokens: int, load: str) -> dict:
         stop, steps = threading.Event(), []
         fut = asyncio.run_coroutine_threadsafe(
             hammer(sessions, stop, build_manifest(path).n_embd, load, steps), greedy.loop.loop)
-        while len(steps) < 8:
+        t0 = time.monotonic()
+        while len(steps) < 8 or time.monotonic() - t0 < greedy_s:
             time.sleep(0.05)
+        before, held_before = len(steps), scrape(port)["swarm_peer_scheduler_held_ms_total"]
         try:
             loaded = modest_run(path, peer.maddrs, tokens)
+            during = len(steps) - before
+            held_ms = scrape(port)["swarm_peer_scheduler_held_ms_total"] - held_before
         finally:
             stop.set()
             fut.result(300)
@@ -111,7 +118,8 @@ def fairness(path: Path, peer, tmp: Path, tokens: int, load: str) -> dict:
     return {
         "load": load,
         "greedy_answers": dict(reasons),
-        "greedy_steps_during": len(steps),
+        "greedy_steps_during_modest": during,
+        "held_ms_during_modest": round(held_ms, 1),
         "idle": {k: v for k, v in idle.items() if k != "text"},
         "loaded": {k: v for k, v in loaded.items() if k != "text"},
         "ttft_ratio": round(loaded["ttft_ms"] / max(idle["ttft_ms"], 1e-9), 2),
@@ -158,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--load", choices=("decode", "prefill", "both"), default="both")
+    ap.add_argument("--greedy-s", type=float, default=3.0, help="seconds of greedy load before the modest client")
     ap.add_argument("--skip-frames", action="store_true")
     args = ap.parse_args(argv)
     path = resolve_model(args.model, progress=True)
@@ -170,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                                           "--metrics-port", str(port)))
         try:
             loads = ("decode", "prefill") if args.load == "both" else (args.load,)
-            out["fairness"] = [fairness(path, peer, Path(tmp), args.tokens, load) for load in loads]
+            out["fairness"] = [fairness(path, peer, port, Path(tmp), args.tokens, load, args.greedy_s)
+                               for load in loads]
             out["client_wait_units_max"] = scrape(port)["swarm_peer_client_wait_units_max"]
             if not args.skip_frames:
                 out["frames"] = frames(peer, port, Path(tmp))

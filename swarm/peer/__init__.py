@@ -14,7 +14,9 @@ Files:
     quotas.py    pure limits per remote client (streams, frame bytes in flight) and the peer's caps
     push.py      server push: a chained session's stream to its next hop, push streams from the previous
     scheduler.py a span's executor work: decode steps of many sessions batched, prefills cut into
-                 fair chunks, inline or threaded by measured cost
+                 chunks, inline or threaded by measured cost
+    step_plan.py pure: which unit runs next (cost-weighted fair share across clients, batches that
+                 stay cheap for a light client) and when to hold one back for a light client's step
     exact_rows.py the verify group of a span: rows of one session's step computed exactly as one-row
                  steps, probed at load (speculative decoding)
     announce.py  the span's DHT announcement: periodic refresh, withdrawal on shutdown

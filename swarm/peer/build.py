@@ -37,9 +37,9 @@ from swarm.models import is_model_id
 from swarm.numeric import UBATCH_TOKENS
 from swarm.peer.announce import Announcer
 from swarm.peer.config import ServeConfig
+from swarm.peer.exact_rows import probe_token_ids
 from swarm.peer.rebalance import Rebalancer
 from swarm.peer.rules import Throughput
-from swarm.peer.scheduler import probe_token_ids
 from swarm.peer.snapshots import PrefixService
 from swarm.peer.testlie import requantize
 from swarm.peer.span import Span

@@ -1,5 +1,11 @@
-"""The verify group of a span: how many rows of one session's step it computes exactly as one-row steps.
+"""Exact rows of a span: how many sessions' decode steps it batches, and how many rows of one session's
+step it computes, exactly as one-row steps alone.
 
+Batches: a session's outputs in a batch equal its solo outputs only while llama.cpp's kernels do not
+depend on the batch's row count; `exact_batch_cap` probes the largest exact batch at load and the
+scheduler (swarm/peer/scheduler.py) caps batches there.
+
+Verify groups:
 A verify pass of speculative decoding (swarm/spec/verify.py) carries the last token and k drafted
 tokens. Computed as one step of k + 1 rows it costs about one decode step on the CPU (the weights
 are read once), but llama.cpp's kernels pick their matmul by row count, and some round a step of
@@ -9,7 +15,7 @@ measures that group at load (`probe_exact_step_rows`) and tells clients in `Open
 a client verifies in groups of the smallest group of its route. Measured (docs/speculative.md):
 SmolLM2 8 of 8 probed rows, Qwen2.5 0.5B 3.
 
-This module does not: batch several sessions (swarm/peer/scheduler.py probes that) or read frames.
+This module does not run batches (swarm/peer/scheduler.py) or read frames.
 """
 
 from __future__ import annotations
@@ -17,8 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from swarm.errors import ExecutorError
-from swarm.ggml_bridge.executor import SpanExecutor
-from swarm.peer.scheduler import probe_token_ids
+from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
 
 VERIFY_PROBE_ROWS = 8
 """Largest verify group a span probes (and so announces): a pass of more rows goes in several groups."""
@@ -71,3 +76,66 @@ def probe_exact_step_rows(ex: SpanExecutor, rows: int = VERIFY_PROBE_ROWS, *, se
         return best
     finally:
         ex.clear(0)
+
+
+def probe_exact_batch_rows(ex: SpanExecutor, rows: int, *, seed: int = 0) -> int:
+    """Largest batch (<= rows) whose per-sequence outputs equal solo steps bit for bit, measured.
+
+    Uses sequences 0..rows-1, which must be empty, and leaves them empty. Each gets a short random
+    history of its own, then one random row is stepped alone and again in a batch of `rows`; if any
+    output differs, a batch of 3 (below ggml-cpu's 4-row gemm switch) is tried, then 1.
+
+    Args:
+        ex: a span executor with no sequence in use.
+        rows: the batch size wanted, 1..n_seq_max.
+    Returns:
+        rows, 3 or 1.
+    Raises:
+        ExecutorError: a sequence is not empty, or llama.cpp failed.
+    """
+    rows = max(1, min(rows, ex.n_seq_max, ex.n_batch))
+    for s in range(rows):
+        if ex.pos_max(s) != -1:
+            raise ExecutorError(f"probe needs empty sequences, {s} holds tokens")
+    rng = np.random.default_rng(seed)
+    hist = [rng.standard_normal((3 + s, ex.n_embd)).astype(np.float32) for s in range(rows)]
+    hist_ids = [probe_token_ids(ex, rng, 3 + s) for s in range(rows)]
+
+    def replay(n: int) -> None:
+        # clear and recompute rather than truncate: a recurrent state cannot roll back
+        for s in range(n):
+            ex.clear(s)
+            ex.forward(s, 0, hist[s], token_ids=hist_ids[s])
+
+    try:
+        replay(rows)
+        xs = [rng.standard_normal((1, ex.n_embd)).astype(np.float32) for _ in range(rows)]
+        ids = [probe_token_ids(ex, rng, 1) for _ in range(rows)]
+        solo = [ex.forward(s, len(hist[s]), xs[s], token_ids=ids[s]) for s in range(rows)]
+        for n in sorted({rows, min(rows, 3), 1}, reverse=True):
+            replay(n)
+            outs = ex.forward_batch([BatchStep(s, len(hist[s]), xs[s], token_ids=ids[s]) for s in range(n)])
+            if all(np.array_equal(o, r) for o, r in zip(outs, solo)):
+                return n
+        return 1
+    finally:
+        for s in range(rows):
+            ex.clear(s)
+
+
+def probe_token_ids(ex: SpanExecutor, rng: np.random.Generator, n: int) -> np.ndarray | None:
+    """Random token ids for `n` rows of a probe on `ex`: [n] int32 in [0, n_vocab) when the span
+    reads token ids (hash-routed layers route each row by its id), else None."""
+    return rng.integers(0, ex.n_vocab, n, dtype=np.int32) if ex.needs_token_ids else None
+
+
+def exact_batch_cap(ex: SpanExecutor, *, probe_rows: int = 8) -> int:
+    """Batch-row cap for a span: n_batch (and n_seq_max) when a probe of `probe_rows` rows, past
+    ggml-cpu's 4-row gemm switch, is exact; else what the probe found (3 or 1).
+
+    Uses and empties sequences 0..probe_rows-1 (see `probe_exact_batch_rows`).
+    """
+    rows = probe_exact_batch_rows(ex, probe_rows)
+    if rows >= min(probe_rows, ex.n_seq_max, ex.n_batch) and rows >= 4:
+        return min(ex.n_seq_max, ex.n_batch)
+    return rows

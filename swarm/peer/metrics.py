@@ -187,6 +187,14 @@ class _SpanCollector:
             family = GaugeMetricFamily(name, doc, labels=["span"])
             family.add_metric(span, value)
             yield family
+        for name, doc, value in (
+            ("swarm_peer_scheduler_holds", "Units held back for a lighter client's due decode step",
+             served.scheduler.holds),
+            ("swarm_peer_scheduler_held_ms", "ms the executor stood idle in those holds", served.scheduler.held_ms),
+        ):
+            family = CounterMetricFamily(name, doc, labels=["span"])
+            family.add_metric(span, value)
+            yield family
         refusals = CounterMetricFamily("swarm_peer_limit_refusals", "Streams and frames refused BUSY by a limit",
                                        labels=["limit"])
         for limit, count in sorted(ledger.refusals.items()):

@@ -9,14 +9,12 @@ Every executor call of a span goes through one `StepScheduler`, which runs one *
   prefill ubatches stay on the 64-token prefix-block grid (kv/prefix.py);
 - a **call**: anything else (clear, truncate, export, import, throughput probe), alone.
 
-No unit is held back waiting for others: whatever is queued when the previous unit finishes forms
-the next one, so a lone session pays no batching delay. When decode steps and other work both wait,
-units alternate between a batch and one other unit, so a client's prefill delays another client's
-decode step by at most about one chunk's compute, and steady decoding cannot starve a prefill.
-Units are shared fairly across clients (the remote peer a step is for), not jobs: a batch takes
-decode steps round-robin by client, and other units go to clients in turn (`plan_next`), so a client
-holding many sessions gets no more turns than one holding a single session (`FairnessMeter` measures
-it).
+Which unit runs next is planned in swarm/peer/step_plan.py: compute is shared across clients (the
+remote peer a step is for), weighted by cost. The client with the least decayed compute goes first,
+decode steps of similar clients batch together, and a unit that only serves heavier clients is held
+back for a short, measured moment when a lighter client's next decode step is due, so a client that
+prefills without pause delays another's token by a few ms instead of a whole chunk. A lone session
+pays no batching delay.
 
 Where a unit runs follows its measured cost (`CostModel`): on the event loop thread when it is
 expected to take under `inline_max_ms` and the executor is single-threaded, else on the span's one
@@ -29,13 +27,13 @@ executor thread.
 Exactness: a session's outputs in a batch equal its solo outputs only while llama.cpp's kernels do
 not depend on the batch's row count. ggml-cpu's repacked quantized matmuls (Q4_K on x86, for one)
 switch from a per-row gemv to a 4-row gemm at 4 rows, which rounds differently (measured: up to
-0.23 logits on Qwen2.5 0.5B Q4_K_M). `probe_exact_batch_rows` measures the largest exact batch of a
-span, and the peer caps batches there.
+0.23 logits on Qwen2.5 0.5B Q4_K_M). `exact_rows.probe_exact_batch_rows` measures the largest exact batch
+of a span, and the peer caps batches there.
 
-This module does not decide admission or positions (kv/sessions.py) nor read frames (handler.py).
-`plan_next`, `FairnessMeter` and `CostModel` are pure; `StepScheduler` is the asyncio shell around them. One concern,
-so it stays one file past the house's ~400 lines: units, their costs and the exact-batch probe are
-the scheduler's own vocabulary and nothing else uses them.
+This module does not decide admission or positions (kv/sessions.py), nor which unit is next
+(step_plan.py), nor read frames (handler.py); `StepScheduler` is the asyncio shell around the plan.
+One concern, so it stays one file past the house's ~400 lines: one queue, its runner, and the
+executor work it runs.
 """
 
 from __future__ import annotations
@@ -46,157 +44,22 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Literal, Mapping, Sequence
+from statistics import median
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from swarm.errors import ExecutorError
 from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
+from swarm.peer.step_plan import ClientUsage, CostModel, Due, FairnessMeter, Pending, Unit, hold_ms, plan_next
 
 INLINE_MAX_MS = 10.0
 """Units expected to compute in less than this many ms run on the event loop thread: the longest a
 ping or another stream's frame waits for one unit."""
-MAX_TRACKED_CLIENTS = 1024
-"""Clients whose last turn the scheduler remembers; a forgotten one goes first, as a new one does."""
-EWMA_WEIGHT = 0.2
-"""Weight of the newest measurement in a unit kind's moving average of compute time."""
-
-
-@dataclass(frozen=True)
-class Pending:
-    """What the planner sees of one queued job.
-
-    Attributes:
-        kind: "step" (a Forward's rows) or "call" (any other executor work).
-        seq_id: the step's sequence; -1 for a call.
-        rows_left: rows of the step not computed yet; 0 for a call.
-        started: some chunk of the step has run already.
-        client: the remote client the work is for (its peer id); "" for the peer's own work.
-    """
-
-    kind: Literal["step", "call"]
-    seq_id: int = -1
-    rows_left: int = 0
-    started: bool = False
-    client: str = ""
-
-    @property
-    def is_decode(self) -> bool:
-        """A one-row step that has not started: it may join a batch."""
-        return self.kind == "step" and self.rows_left == 1 and not self.started
-
-
-@dataclass(frozen=True)
-class Unit:
-    """The next piece of work: `kind` "batch" (jobs' one-row steps together), "chunk" (`rows` rows
-    of the step `jobs[0]`) or "call" (`jobs[0]`); `jobs` index the pending queue."""
-
-    kind: Literal["batch", "chunk", "call"]
-    jobs: tuple[int, ...]
-    rows: int
-
-
-@dataclass(frozen=True)
-class Turns:
-    """When each client was last served, by unit number (a client never served is not listed and
-    goes first): `batch` for decode rows, `other` for chunks and calls."""
-
-    batch: Mapping[str, int] = field(default_factory=dict)
-    other: Mapping[str, int] = field(default_factory=dict)
-
-
-def _by_turn(indices: Sequence[int], pending: Sequence[Pending], last: Mapping[str, int]) -> list[list[int]]:
-    """`indices` grouped by client, each group in queue order, the groups least recently served first
-    (ties: the client whose first job is oldest)."""
-    groups: dict[str, list[int]] = {}
-    for i in indices:
-        groups.setdefault(pending[i].client, []).append(i)
-    return sorted(groups.values(), key=lambda g: (last.get(pending[g[0]].client, -1), g[0]))
-
-
-def plan_next(pending: Sequence[Pending], *, last_was_batch: bool, max_batch_rows: int,
-              chunk_tokens: int, turns: Turns = Turns()) -> Unit | None:
-    """Choose the next unit from the queue, fairly across clients.
-
-    A batch takes decode steps round-robin over clients (one per client, least recently served
-    client first, then a second per client, ...), so a client with many sessions cannot crowd
-    another's step out of a full batch. Any other unit goes to the least recently served client's
-    oldest job, so a client with many prefills gets one chunk in turn with each other client, not
-    one per job. Within a client, jobs keep their queue order.
-
-    Args:
-        pending: queued jobs in arrival order (a job cut into chunks goes back to the end).
-        last_was_batch: the previous unit was a batch; when other work also waits, it goes next.
-        max_batch_rows: most rows in one batch (>= 1).
-        chunk_tokens: most rows of a multi-row step per chunk (>= 1).
-        turns: when each client was last served.
-    Returns:
-        The unit, or None when nothing waits.
-    """
-    candidates = [i for i, p in enumerate(pending) if p.is_decode]
-    groups = _by_turn(candidates, pending, turns.batch)
-    decodes: list[int] = []
-    seen: set[int] = set()
-    for rank in range(max((len(g) for g in groups), default=0)):
-        for g in groups:
-            # One step per sequence per batch: a sequence's second step needs its first one's position.
-            if rank < len(g) and pending[g[rank]].seq_id not in seen and len(decodes) < max_batch_rows:
-                decodes.append(g[rank])
-                seen.add(pending[g[rank]].seq_id)
-    decodes.sort()
-    others = [i for i, p in enumerate(pending) if not p.is_decode]
-    if decodes and (not others or not last_was_batch):
-        return Unit("batch", tuple(decodes), len(decodes))
-    if not others:
-        return None
-    i = _by_turn(others, pending, turns.other)[0][0]
-    if pending[i].kind == "call":
-        return Unit("call", (i,), 0)
-    return Unit("chunk", (i,), min(chunk_tokens, pending[i].rows_left))
-
-
-class FairnessMeter:
-    """How long clients wait while others are served: after each unit, every client with work queued
-    that the unit did not serve has waited one more unit; `max_wait_units` is the longest such run
-    since start. Round-robin over k clients with work keeps it at most 2k - 1 (the other clients'
-    units, each after a batch), however many jobs each client queues."""
-
-    def __init__(self) -> None:
-        self.max_wait_units = 0
-        self._waiting: dict[str, int] = {}
-
-    def observe(self, queued: set[str], served: set[str]) -> None:
-        """One unit ran: `queued` are the clients with a job in the queue as it was planned, `served`
-        those it served."""
-        self._waiting = {c: self._waiting.get(c, 0) + 1 for c in queued - served}
-        if self._waiting:
-            self.max_wait_units = max(self.max_wait_units, max(self._waiting.values()))
-
-
-class CostModel:
-    """Moving average of compute ms per kind of unit, to decide where the next one runs.
-
-    Keys are (kind, row bucket): a batch of 8 rows costs less than 8 single rows, so each power-of-two
-    row count is its own kind.
-    """
-
-    def __init__(self, weight: float = EWMA_WEIGHT):
-        self._weight = weight
-        self._ms: dict[tuple[str, int], float] = {}
-
-    @staticmethod
-    def key(kind: str, rows: int) -> tuple[str, int]:
-        """The key of a unit of `kind` over `rows` rows."""
-        return kind, int(rows).bit_length()
-
-    def expected_ms(self, key: tuple[str, int]) -> float | None:
-        """Average ms of units of this key, or None when none was measured."""
-        return self._ms.get(key)
-
-    def observe(self, key: tuple[str, int], ms: float) -> None:
-        """Fold one measured compute time (ms) into the key's average."""
-        old = self._ms.get(key)
-        self._ms[key] = ms if old is None else old + self._weight * (ms - old)
+GAP_SAMPLES = 5
+"""A decoding session's return gap is the median of its last this many gaps."""
+MAX_TRACKED_SEQS = 4096
+"""Sequences whose return gaps are remembered (a span has at most n_seq_max at once)."""
 
 
 @dataclass(frozen=True)
@@ -255,12 +118,19 @@ class StepScheduler:
         self.unit_ms: list[float] = []
         """Compute ms of the same units, in the same order."""
         self.fairness = FairnessMeter()
+        self.usage = ClientUsage()
+        self.holds = 0
+        """Units held back for a lighter client's due step (step_plan.hold_ms), since start."""
+        self.held_ms = 0.0
+        """ms the executor stood idle in those holds, since start."""
         self._queue: deque[_Job] = deque()
         self._runner: asyncio.Task | None = None
         self._last_was_batch = False
-        self._last_batch: dict[str, int] = {}
-        self._last_other: dict[str, int] = {}
-        self._unit_no = 0
+        # seq -> (client, perf_counter s of its last decode answer, a hold waited for it since)
+        self._answered: dict[int, tuple[str, float, bool]] = {}
+        self._gaps: dict[int, deque[float]] = {}  # seq -> its last return gaps, ms
+        self._awaited: set[int] = set()
+        self._arrived = asyncio.Event()
 
     async def step(self, seq_id: int, pos0: int, hidden: np.ndarray, *, all_logits: bool = False,
                    steps: Sequence[int] = (), client: str = "",
@@ -282,6 +152,7 @@ class StepScheduler:
             return await self._steps(seq_id, pos0, hidden, all_logits, steps, client, token_ids)
         job = _Job(asyncio.get_running_loop().create_future(), seq_id, pos0, hidden, all_logits, token_ids,
                    client=client)
+        self._note_arrival(job)
         now = self._run_now(job)
         if now is not None:
             return now
@@ -338,13 +209,14 @@ class StepScheduler:
                 and expected < self.inline_max_ms):
             return None
         self._last_was_batch = True
-        self._record("batch", [job], set())
+        self.fairness.observe(set(), {job.client})
         self.units.append(("batch", (job.seq_id,), 1))
         del self.units[:-1024]
         t0 = time.perf_counter()
         (out,) = self._batch(ex, [job])
         ms = (time.perf_counter() - t0) * 1000.0
         self.cost.observe(key, ms)
+        self._charge("batch", [job], ms)
         self.unit_ms.append(ms)
         del self.unit_ms[:-1024]
         if isinstance(out, Exception):
@@ -380,16 +252,20 @@ class StepScheduler:
         while True:
             self._drop_cancelled()
             jobs = list(self._queue)
+            usage = self.usage.snapshot({j.client for j in jobs} | {a[0] for a in self._answered.values()},
+                                        time.monotonic())
             unit = plan_next([j.view() for j in jobs], last_was_batch=self._last_was_batch,
-                             max_batch_rows=self.max_batch_rows, chunk_tokens=self.chunk_tokens,
-                             turns=Turns(self._last_batch, self._last_other))
+                             max_batch_rows=self.max_batch_rows, chunk_tokens=self.chunk_tokens, usage=usage,
+                             batch_ms=lambda n: self.cost.expected_ms(CostModel.key("batch", n)))
             if unit is None:
                 return
             chosen = [jobs[i] for i in unit.jobs]
+            if await self._hold(unit, chosen, usage):
+                continue
             for j in chosen:
                 self._queue.remove(j)
             self._last_was_batch = unit.kind == "batch"
-            self._record(unit.kind, chosen, {j.client for j in jobs})
+            self.fairness.observe({j.client for j in jobs}, {j.client for j in chosen})
             self.units.append((unit.kind, tuple(j.seq_id for j in chosen), unit.rows))
             del self.units[:-1024]
             self.unit_ms.append(float("nan"))
@@ -401,17 +277,60 @@ class StepScheduler:
             # one, and a unit run inline gives pings and other streams a turn.
             await asyncio.sleep(0)
 
-    def _record(self, kind: str, chosen: list[_Job], queued: set[str]) -> None:
-        """Note which clients the unit serves: their turn, and the others' wait."""
-        self._unit_no += 1
-        served = {j.client for j in chosen}
-        last = self._last_batch if kind == "batch" else self._last_other
-        for c in served:
-            last.pop(c, None)
-            last[c] = self._unit_no
-        while len(last) > MAX_TRACKED_CLIENTS:
-            del last[next(iter(last))]  # least recently served: dicts keep insertion order
-        self.fairness.observe(queued, served)
+    async def _hold(self, unit: Unit, chosen: list[_Job], usage: dict[str, float]) -> bool:
+        """Hold `unit` back while a lighter client's decode step is due (step_plan.hold_ms): wait for
+        that step or the hold's end. Each answered step is waited for at most once. Returns whether
+        it waited (the caller plans again)."""
+        if unit.kind == "call":
+            return False
+        now = time.perf_counter()
+        due = {seq: Due(client, median(self._gaps[seq]), (now - t) * 1000.0)
+               for seq, (client, t, held) in self._answered.items() if self._gaps.get(seq) and not held}
+        cost = self.cost.expected_ms(CostModel.key(unit.kind, unit.rows))
+        wait_ms = hold_ms(unit, {j.client for j in chosen}, cost, list(due.values()), usage)
+        if wait_ms <= 0.0:
+            return False
+        for seq in due:
+            client, t, _ = self._answered[seq]
+            self._answered[seq] = (client, t, True)
+        self._awaited = set(due)
+        self._arrived.clear()
+        try:
+            await asyncio.wait_for(self._arrived.wait(), wait_ms / 1000.0)
+        except asyncio.TimeoutError:
+            pass
+        self._awaited = set()
+        self.holds += 1
+        self.held_ms += (time.perf_counter() - now) * 1000.0
+        return True
+
+    def _note_arrival(self, job: _Job) -> None:
+        """A new step arrived: a decode step's gap since its session's last answer is measured, and
+        ends a hold that waits for it."""
+        if not job.view().is_decode:
+            return
+        answered = self._answered.pop(job.seq_id, None)
+        if answered is not None:
+            gaps = self._gaps.setdefault(job.seq_id, deque(maxlen=GAP_SAMPLES))
+            gaps.append((time.perf_counter() - answered[1]) * 1000.0)
+        if job.seq_id in self._awaited:
+            self._arrived.set()
+
+    def _charge(self, kind: str, jobs: list[_Job], ms: float) -> None:
+        """Charge the unit's compute to the clients it served (a batch's split over its rows), and
+        note when each decode step was answered."""
+        now = time.monotonic()
+        for j in jobs:
+            self.usage.charge(j.client, ms / len(jobs), now)
+        if kind == "batch":
+            t = time.perf_counter()
+            for j in jobs:
+                self._answered.pop(j.seq_id, None)
+                self._answered[j.seq_id] = (j.client, t, False)
+            while len(self._answered) > MAX_TRACKED_SEQS:
+                del self._answered[next(iter(self._answered))]
+            while len(self._gaps) > MAX_TRACKED_SEQS:
+                del self._gaps[next(iter(self._gaps))]
 
     def _drop_cancelled(self) -> None:
         for job in [j for j in self._queue if j.fut.done()]:
@@ -433,6 +352,7 @@ class StepScheduler:
             key = CostModel.key("chunk", unit.rows)
         result, ms, err = await self._execute(ex, key, work)
         self.unit_ms[-1] = ms
+        self._charge(unit.kind, jobs, ms)
         if unit.kind == "call":
             _settle(jobs[0], result, err)
         elif unit.kind == "batch" and err is not None:
@@ -516,66 +436,3 @@ def _settle(job: _Job, result: Any, err: BaseException | None) -> None:
         job.fut.set_exception(err)
     else:
         job.fut.set_result(result)
-
-
-def probe_exact_batch_rows(ex: SpanExecutor, rows: int, *, seed: int = 0) -> int:
-    """Largest batch (<= rows) whose per-sequence outputs equal solo steps bit for bit, measured.
-
-    Uses sequences 0..rows-1, which must be empty, and leaves them empty. Each gets a short random
-    history of its own, then one random row is stepped alone and again in a batch of `rows`; if any
-    output differs, a batch of 3 (below ggml-cpu's 4-row gemm switch) is tried, then 1.
-
-    Args:
-        ex: a span executor with no sequence in use.
-        rows: the batch size wanted, 1..n_seq_max.
-    Returns:
-        rows, 3 or 1.
-    Raises:
-        ExecutorError: a sequence is not empty, or llama.cpp failed.
-    """
-    rows = max(1, min(rows, ex.n_seq_max, ex.n_batch))
-    for s in range(rows):
-        if ex.pos_max(s) != -1:
-            raise ExecutorError(f"probe needs empty sequences, {s} holds tokens")
-    rng = np.random.default_rng(seed)
-    hist = [rng.standard_normal((3 + s, ex.n_embd)).astype(np.float32) for s in range(rows)]
-    hist_ids = [probe_token_ids(ex, rng, 3 + s) for s in range(rows)]
-
-    def replay(n: int) -> None:
-        # clear and recompute rather than truncate: a recurrent state cannot roll back
-        for s in range(n):
-            ex.clear(s)
-            ex.forward(s, 0, hist[s], token_ids=hist_ids[s])
-
-    try:
-        replay(rows)
-        xs = [rng.standard_normal((1, ex.n_embd)).astype(np.float32) for _ in range(rows)]
-        ids = [probe_token_ids(ex, rng, 1) for _ in range(rows)]
-        solo = [ex.forward(s, len(hist[s]), xs[s], token_ids=ids[s]) for s in range(rows)]
-        for n in sorted({rows, min(rows, 3), 1}, reverse=True):
-            replay(n)
-            outs = ex.forward_batch([BatchStep(s, len(hist[s]), xs[s], token_ids=ids[s]) for s in range(n)])
-            if all(np.array_equal(o, r) for o, r in zip(outs, solo)):
-                return n
-        return 1
-    finally:
-        for s in range(rows):
-            ex.clear(s)
-
-
-def probe_token_ids(ex: SpanExecutor, rng: np.random.Generator, n: int) -> np.ndarray | None:
-    """Random token ids for `n` rows of a probe on `ex`: [n] int32 in [0, n_vocab) when the span
-    reads token ids (hash-routed layers route each row by its id), else None."""
-    return rng.integers(0, ex.n_vocab, n, dtype=np.int32) if ex.needs_token_ids else None
-
-
-def exact_batch_cap(ex: SpanExecutor, *, probe_rows: int = 8) -> int:
-    """Batch-row cap for a span: n_batch (and n_seq_max) when a probe of `probe_rows` rows, past
-    ggml-cpu's 4-row gemm switch, is exact; else what the probe found (3 or 1).
-
-    Uses and empties sequences 0..probe_rows-1 (see `probe_exact_batch_rows`).
-    """
-    rows = probe_exact_batch_rows(ex, probe_rows)
-    if rows >= min(probe_rows, ex.n_seq_max, ex.n_batch) and rows >= 4:
-        return min(ex.n_seq_max, ex.n_batch)
-    return rows

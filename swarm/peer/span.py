@@ -24,7 +24,7 @@ import numpy as np
 from swarm.errors import ExecutorError, RequestError, SwarmError
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.sessions import SessionSlot, SessionTable
-from swarm.peer.exact_rows import probe_exact_step_rows
+from swarm.peer.exact_rows import exact_batch_cap, probe_exact_step_rows
 from swarm.peer.rebalance import Drain
 from swarm.peer.rules import (
     Throughput,
@@ -35,8 +35,9 @@ from swarm.peer.rules import (
     truncate_refusal,
     width_refusal,
 )
-from swarm.peer.scheduler import CostModel, StepOutput, StepScheduler, exact_batch_cap
+from swarm.peer.scheduler import StepOutput, StepScheduler
 from swarm.peer.snapshots import PrefixService
+from swarm.peer.step_plan import CostModel
 from swarm.route.plan import PeerSpan
 
 MeasureFn = Callable[[SpanExecutor], Throughput]

@@ -11,6 +11,7 @@ recorded step carries its rows' ids).
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -20,7 +21,8 @@ from swarm.ggml_bridge.embed import TokenEmbedder
 from swarm.errors import ExecutorError
 from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
 from swarm.models import resolve_model
-from swarm.peer.scheduler import StepScheduler, exact_batch_cap
+from swarm.peer.exact_rows import exact_batch_cap
+from swarm.peer.scheduler import StepScheduler
 from tests.helpers.chains import open_chain
 from tests.helpers.oracle import N_THREADS
 from tests.helpers.synthetic import write_synthetic
@@ -233,6 +235,47 @@ def test_decode_steps_run_between_the_chunks_of_a_long_prefill(smol, prompts, sp
         assert ("batch", (1,), 1) in kinds[a + 1 : b]
     assert during >= 4
 
+
+
+def test_a_heavy_clients_prefill_is_held_for_a_light_clients_due_decode_steps(smol, prompts, span_cache):
+    """Issue 24: a client that prefills without pause must not put a whole chunk (~100-250 ms) before
+    each token of a light client. The light client comes back GAP_S after each answer (its round
+    trip; the sleep stands for the network, it synchronises nothing): once its gap is measured and
+    a chunk's cost known, the scheduler holds the greedy chunks for it, so no chunk runs between its
+    decode steps while the greedy prefill still has chunks left."""
+    gap_s = 0.01
+    embedder = TokenEmbedder(smol)
+    ex = SpanExecutor.for_span(smol, 0, 30, n_ctx_tokens=1024, n_seq_max=2, n_threads=N_THREADS,
+                               cache_dir=span_cache, n_batch=BLOCK)
+    rng = np.random.default_rng(1)
+    long_rows = embedder.embed(list(rng.integers(100, 40_000, size=8 * BLOCK)))
+    prompt = prompts[0]
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            sch = StepScheduler(lambda: ex, asyncio.Lock(), pool, chunk_tokens=BLOCK)
+
+            async def main():
+                last = (await sch.step(1, 0, embedder.embed(prompt), client="modest")).out[-1]
+                sch.usage.charge("greedy", 5000.0, time.monotonic())  # it has kept the peer busy for seconds
+                prefill = asyncio.ensure_future(sch.step(0, 0, long_rows, client="greedy"))
+                for i in range(12):
+                    await asyncio.sleep(gap_s)
+                    x = embedder.embed([int(np.argmax(last))])
+                    last = (await sch.step(1, len(prompt) + i, x, client="modest")).out[0]
+                await prefill
+
+            asyncio.run(main())
+    finally:
+        ex.close()
+    units = list(sch.units)
+    modest = [i for i, u in enumerate(units) if u == ("batch", (1,), 1)]
+    chunks = [i for i, u in enumerate(units) if u[0] == "chunk" and u[1] == (0,)]
+    assert len(modest) == 12 and len(chunks) == 8
+    # From the third step on (a gap measured, a chunk's cost known) the greedy chunks wait, all 6
+    # left of 8; without holds one runs in each gap. A loaded machine may overrun one gap.
+    during = sum(modest[2] < c < modest[-1] for c in chunks)
+    assert during <= 1, units
+    assert sch.holds >= 12 - 3 - 1
 
 def test_a_refused_batch_leaves_every_sequence_as_it_was(smol, span_cache):
     embedder = TokenEmbedder(smol)
