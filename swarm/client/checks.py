@@ -24,9 +24,11 @@ instead). Without a second checker the checked peer is caught: it computed what 
 by this client could not reproduce.
 
 The first check (`CheckPolicy.first_check_step`) replays every checkable hop, one after another,
-so a peer lying on every step is caught early wherever it sits in the route; each later one checks
-one hop, in turn. At most one check of a generation is in flight: a check that falls due while one runs is
-skipped, so checks never take more than one session slot per generation on each checker.
+so a peer lying on every step is caught early wherever it sits in the route; so does a sweep every
+`CheckPolicy.sweep_steps` decode steps after it, so a peer lying now and then is caught within that
+many steps of its first lie; each random check in between checks one hop, in turn. At most one
+check of a generation is in flight: a random check that falls due while one runs is skipped, a sweep
+waits for it, so checks never take more than one session slot per generation on each checker.
 
 A caught peer is excluded by this client for `CheckPolicy.caught_exclusion_s`, recorded in the
 client's `Standing` (route pricing), in the generation's telemetry (`checks`) and in the evidence
@@ -151,6 +153,7 @@ class SpotChecks:
         seed_rng = random.Random(ctx.policy.seed) if ctx.policy.seed is not None else random.SystemRandom()
         self._schedule = CheckSchedule(ctx.policy, seed_rng)
         self._decode_step = 0
+        self._sweep_waiting = False  # a sweep fell due while a check ran: it starts when that ends
         self._tasks: set[asyncio.Task] = set()
         self._caught: list[CheckEvent] = []
         self._convicted: set[str] = set()  # caught in this session: one offence each, no more checks
@@ -171,13 +174,17 @@ class SpotChecks:
         if rows != 1:
             return
         step, self._decode_step = self._decode_step, self._decode_step + 1
-        if not self._schedule.due(step) or self._tasks:
+        kind = self._schedule.due(step)
+        if kind == "sweep" or self._sweep_waiting:
+            kind, self._sweep_waiting = "sweep", bool(self._tasks)
+        if kind is None or self._tasks:
             return  # one check in flight per generation: checks never pile up on the checkers
         candidates = [r for r in records() if r.span.peer_id not in self._convicted]
         if not candidates:
             return
-        if step == self.ctx.policy.first_check_step:
-            # every hop once, early: a peer lying on every step is caught wherever it sits
+        if kind == "sweep":
+            # every hop, one after another: a peer lying on every step is caught wherever it sits,
+            # and one lying now and then by the sweep after its first lie
             task = asyncio.ensure_future(self._check_each(candidates, step))
         else:
             first = self._schedule.pick(range(len(candidates)))

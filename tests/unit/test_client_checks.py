@@ -142,6 +142,23 @@ def test_without_a_second_checker_the_checked_peer_is_caught():
     assert caught[0].peer_id == "m1" and caught[0].checkers == ["m2"]
 
 
+
+def test_a_peer_that_starts_lying_after_the_first_check_is_caught_by_the_next_sweep():
+    """m1 answers honestly until decode step 5, after the first check (step 2): with no random
+    checks it would never be caught; the sweep at step 12 checks every row it computed and catches
+    it, and the repaired text equals the fault-free run's."""
+    plain, _, _, _ = generate(swarm_of(), CheckPolicy(rate=0.0, first_check_step=-1))
+    _, t, _, _ = generate(swarm_of("lie", lie_after=8),
+                          CheckPolicy(rate=0.0, first_check_step=2, sweep_steps=0, seed=5, regroup=False))
+    assert [c.verdict for c in t.checks] == ["ok"]  # the first check only: m1 still honest then
+    tokens, t, exclusions, _ = generate(swarm_of("lie", lie_after=8),
+                                        CheckPolicy(rate=0.0, first_check_step=2, sweep_steps=10, seed=5,
+                                                    regroup=False))
+    caught = [c for c in t.checks if c.verdict == "caught"]
+    assert [(c.peer_id, c.decode_step) for c in caught] == [("m1", 12)]
+    assert exclusions.reason("m1") is FailureReason.WRONG_OUTPUT
+    assert tokens == plain
+
 def test_a_lying_checker_is_outvoted_and_caught_instead():
     """m2, the first checker (cheaper than m3), lies from its first Forward; m1 is honest."""
     peers = swarm_of()

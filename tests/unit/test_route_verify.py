@@ -90,9 +90,29 @@ def test_the_schedule_checks_the_first_step_then_at_its_rate_repeatably():
     assert 0.2 < len(due[0]) / 2000 < 0.3
 
 
-def test_rate_zero_checks_only_the_first_step():
-    sched = CheckSchedule(CheckPolicy(rate=0.0, first_check_step=3), random.Random(1))
+def test_rate_zero_checks_only_the_first_step_and_the_sweeps():
+    sched = CheckSchedule(CheckPolicy(rate=0.0, first_check_step=3, sweep_steps=0), random.Random(1))
     assert [s for s in range(500) if sched.due(s)] == [3]
+    sched = CheckSchedule(CheckPolicy(rate=0.0, first_check_step=3, sweep_steps=40), random.Random(1))
+    assert [(s, sched.due(s)) for s in range(130) if sched.due(s)] == [(3, "sweep"), (43, "sweep"), (83, "sweep"),
+                                                                      (123, "sweep")]
+
+
+def test_random_checks_between_sweeps_check_one_hop():
+    sched = CheckSchedule(CheckPolicy(rate=0.5, first_check_step=2, sweep_steps=40, seed=1), random.Random(1))
+    due = {s: sched.due(s) for s in range(200)}
+    assert {s for s, k in due.items() if k == "sweep"} == {2, 42, 82, 122, 162}
+    assert 60 < sum(k == "one" for k in due.values()) < 130 and due[0] is None and due[1] is None
+
+
+def test_no_first_check_means_no_sweeps():
+    sched = CheckSchedule(CheckPolicy(rate=0.0, first_check_step=-1), random.Random(1))
+    assert not any(sched.due(s) for s in range(500))
+
+
+def test_a_negative_sweep_period_is_refused():
+    with pytest.raises(ValueError, match="sweep_steps"):
+        CheckPolicy(sweep_steps=-1)
 
 
 def test_hops_are_checked_in_turn():
