@@ -17,7 +17,7 @@ One `swarm serve` peer holds the whole model (default limits, 8 session slots, m
             and the answers (PROTOCOL: read and refused as a malformed frame; BUSY: refused unread
             at a client's byte budget).
 
-    python scripts/bench_limits.py [--model smollm2] [--tokens 32] [--load decode|prefill|both] [--greedy-s 3]
+    python scripts/bench_limits.py [--model smollm2] [--tokens 32] [--load decode|prefill|both] [--greedy-s 10]
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--load", choices=("decode", "prefill", "both"), default="both")
-    ap.add_argument("--greedy-s", type=float, default=3.0, help="seconds of greedy load before the modest client")
+    ap.add_argument("--greedy-s", type=float, default=10.0, help="seconds of greedy load before the modest client")
     ap.add_argument("--skip-frames", action="store_true")
     args = ap.parse_args(argv)
     path = resolve_model(args.model, progress=True)

@@ -191,7 +191,7 @@ async def _serve_stream(streams: PeerStreams, stream: FramedStream) -> None:
             streams.live.pop(session.slot.session_id, None)
             await session.push.end()
             async with session.lock:  # a pushed frame may be running on the session
-                await streams.span.release(session.slot.session_id)
+                await streams.span.release(session.slot.session_id, owner=session.slot.owner)
 
 
 async def handle_push(streams: PeerStreams, stream: FramedStream) -> None:

@@ -57,9 +57,10 @@ INLINE_MAX_MS = 10.0
 """Units expected to compute in less than this many ms run on the event loop thread: the longest a
 ping or another stream's frame waits for one unit."""
 GAP_SAMPLES = 5
-"""A decoding session's return gap is the median of its last this many gaps."""
-MAX_TRACKED_SEQS = 4096
-"""Sequences whose return gaps are remembered (a span has at most n_seq_max at once)."""
+"""A client's return gap is the median of its last this many gaps."""
+MAX_TRACKED_GAPS = 1024
+"""Clients (and kinds of answer) whose return gaps are remembered; the least recently measured are
+forgotten first."""
 
 
 @dataclass(frozen=True)
@@ -126,10 +127,12 @@ class StepScheduler:
         self._queue: deque[_Job] = deque()
         self._runner: asyncio.Task | None = None
         self._last_was_batch = False
-        # seq -> (client, perf_counter s of its last decode answer, a hold waited for it since)
-        self._answered: dict[int, tuple[str, float, bool]] = {}
-        self._gaps: dict[int, deque[float]] = {}  # seq -> its last return gaps, ms
-        self._awaited: set[int] = set()
+        # client -> (perf_counter s of its last answer, a hold waited for it since, "step" or "call")
+        self._answered: dict[str, tuple[float, bool, str]] = {}
+        # (client, what was answered: "step" or "call") -> its last return gaps, ms: a client comes
+        # back from a decode step's answer in a round trip, from an Open's after more of its own work
+        self._gaps: dict[tuple[str, str], deque[float]] = {}
+        self._awaited: set[str] = set()
         self._arrived = asyncio.Event()
 
     async def step(self, seq_id: int, pos0: int, hidden: np.ndarray, *, all_logits: bool = False,
@@ -216,7 +219,8 @@ class StepScheduler:
         (out,) = self._batch(ex, [job])
         ms = (time.perf_counter() - t0) * 1000.0
         self.cost.observe(key, ms)
-        self._charge("batch", [job], ms)
+        self._charge([job], ms)
+        self._answer([job])
         self.unit_ms.append(ms)
         del self.unit_ms[:-1024]
         if isinstance(out, Exception):
@@ -226,8 +230,9 @@ class StepScheduler:
     async def call(self, fn: Callable[..., Any], *args: Any, client: str = "") -> Any:
         """Run `fn(*args)` alone between units (a blocking executor call) in the turn of `client` ("":
         the peer's own work); returns its result."""
-        return await self._submit(_Job(asyncio.get_running_loop().create_future(), fn=fn, args=args,
-                                       client=client))
+        job = _Job(asyncio.get_running_loop().create_future(), fn=fn, args=args, client=client)
+        self._note_arrival(job)
+        return await self._submit(job)
 
     async def _submit(self, job: _Job) -> Any:
         self._queue.append(job)
@@ -252,8 +257,7 @@ class StepScheduler:
         while True:
             self._drop_cancelled()
             jobs = list(self._queue)
-            usage = self.usage.snapshot({j.client for j in jobs} | {a[0] for a in self._answered.values()},
-                                        time.monotonic())
+            usage = self.usage.snapshot({j.client for j in jobs} | set(self._answered), time.monotonic())
             unit = plan_next([j.view() for j in jobs], last_was_batch=self._last_was_batch,
                              max_batch_rows=self.max_batch_rows, chunk_tokens=self.chunk_tokens, usage=usage,
                              batch_ms=lambda n: self.cost.expected_ms(CostModel.key("batch", n)))
@@ -278,21 +282,21 @@ class StepScheduler:
             await asyncio.sleep(0)
 
     async def _hold(self, unit: Unit, chosen: list[_Job], usage: dict[str, float]) -> bool:
-        """Hold `unit` back while a lighter client's decode step is due (step_plan.hold_ms): wait for
-        that step or the hold's end. Each answered step is waited for at most once. Returns whether
-        it waited (the caller plans again)."""
+        """Hold `unit` back while a lighter client's next work is due (step_plan.hold_ms): wait for it
+        or the hold's end. Each answer is waited on at most once. Returns whether it waited (the
+        caller plans again)."""
         if unit.kind == "call":
             return False
         now = time.perf_counter()
-        due = {seq: Due(client, median(self._gaps[seq]), (now - t) * 1000.0)
-               for seq, (client, t, held) in self._answered.items() if self._gaps.get(seq) and not held}
+        due = {client: Due(client, median(self._gaps[client, kind]), (now - t) * 1000.0)
+               for client, (t, held, kind) in self._answered.items() if self._gaps.get((client, kind)) and not held}
         cost = self.cost.expected_ms(CostModel.key(unit.kind, unit.rows))
         wait_ms = hold_ms(unit, {j.client for j in chosen}, cost, list(due.values()), usage)
         if wait_ms <= 0.0:
             return False
-        for seq in due:
-            client, t, _ = self._answered[seq]
-            self._answered[seq] = (client, t, True)
+        for client in due:
+            t, _, kind = self._answered[client]
+            self._answered[client] = (t, True, kind)
         self._awaited = set(due)
         self._arrived.clear()
         try:
@@ -305,32 +309,35 @@ class StepScheduler:
         return True
 
     def _note_arrival(self, job: _Job) -> None:
-        """A new step arrived: a decode step's gap since its session's last answer is measured, and
-        ends a hold that waits for it."""
-        if not job.view().is_decode:
-            return
-        answered = self._answered.pop(job.seq_id, None)
+        """New work arrived: the client's gap since its last answer is measured, and a hold that
+        waits for the client ends."""
+        answered = self._answered.pop(job.client, None)
         if answered is not None:
-            gaps = self._gaps.setdefault(job.seq_id, deque(maxlen=GAP_SAMPLES))
-            gaps.append((time.perf_counter() - answered[1]) * 1000.0)
-        if job.seq_id in self._awaited:
+            key = (job.client, answered[2])
+            gaps = self._gaps.pop(key, None) or deque(maxlen=GAP_SAMPLES)
+            gaps.append((time.perf_counter() - answered[0]) * 1000.0)
+            self._gaps[key] = gaps
+            while len(self._gaps) > MAX_TRACKED_GAPS:
+                del self._gaps[next(iter(self._gaps))]
+        if job.client in self._awaited:
             self._arrived.set()
 
-    def _charge(self, kind: str, jobs: list[_Job], ms: float) -> None:
-        """Charge the unit's compute to the clients it served (a batch's split over its rows), and
-        note when each decode step was answered."""
+    def _charge(self, jobs: list[_Job], ms: float) -> None:
+        """Charge a unit's compute to the clients it served (a batch's split over its rows)."""
         now = time.monotonic()
         for j in jobs:
             self.usage.charge(j.client, ms / len(jobs), now)
-        if kind == "batch":
-            t = time.perf_counter()
-            for j in jobs:
-                self._answered.pop(j.seq_id, None)
-                self._answered[j.seq_id] = (j.client, t, False)
-            while len(self._answered) > MAX_TRACKED_SEQS:
-                del self._answered[next(iter(self._answered))]
-            while len(self._gaps) > MAX_TRACKED_SEQS:
-                del self._gaps[next(iter(self._gaps))]
+
+    def _answer(self, jobs: list[_Job]) -> None:
+        """Note when each client's work was answered: it is due back a measured gap later. The
+        peer's own work ("") is never waited for."""
+        t = time.perf_counter()
+        for j in jobs:
+            if j.client:
+                self._answered.pop(j.client, None)
+                self._answered[j.client] = (t, False, "call" if j.fn is not None else "step")
+        while len(self._answered) > MAX_TRACKED_GAPS:
+            del self._answered[next(iter(self._answered))]
 
     def _drop_cancelled(self) -> None:
         for job in [j for j in self._queue if j.fut.done()]:
@@ -352,7 +359,7 @@ class StepScheduler:
             key = CostModel.key("chunk", unit.rows)
         result, ms, err = await self._execute(ex, key, work)
         self.unit_ms[-1] = ms
-        self._charge(unit.kind, jobs, ms)
+        self._charge(jobs, ms)
         if unit.kind == "call":
             _settle(jobs[0], result, err)
         elif unit.kind == "batch" and err is not None:
@@ -364,6 +371,7 @@ class StepScheduler:
                         r if isinstance(r, Exception) else None)
         else:
             self._after_chunk(ex, jobs[0], unit.rows, result, ms, err)
+        self._answer([j for j in jobs if j.fut.done()])  # a chunk is answered with the step's last one
 
     async def _execute(self, ex: SpanExecutor, key, work) -> tuple[Any, float, BaseException | None]:
         """Run `work` inline or on the executor thread; returns (result, compute ms, error). The ms

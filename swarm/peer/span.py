@@ -132,7 +132,8 @@ class Span:
         for seq_id in admission.evicted_seq_ids:
             await self.run(self.executor.clear, seq_id)
         # A seq id can come back from a session that ended abnormally; start from an empty cache.
-        await self.run(self.executor.clear, admission.slot.seq_id)
+        # In the owner's turn: its Open is its own work, and its first step is due right after.
+        await self.run(self.executor.clear, admission.slot.seq_id, client=owner)
         return admission.slot
 
     async def forward(self, slot: SessionSlot, pos0: int, hidden: np.ndarray, *, all_logits: bool,
@@ -241,10 +242,11 @@ class Span:
             kv = await self.run(self.executor.export_seq, slot.seq_id, client=slot.owner)
             self.prefixes.keep(offers, kv)
 
-    async def release(self, session_id: bytes) -> None:
-        """Free the session's slot and clear its sequence; wakes a drain when none is left."""
+    async def release(self, session_id: bytes, owner: str = "") -> None:
+        """Free the session's slot and clear its sequence, in the turn of `owner` (the session's
+        client: its next session usually follows); wakes a drain when none is left."""
         seq_id = self.sessions.release(session_id)
-        await self.run(self.executor.clear, seq_id)
+        await self.run(self.executor.clear, seq_id, client=owner)
         self.drain.session_ended(len(self.sessions))
 
     async def swap(self, start: int, end: int, load: Callable[[int, int], Awaitable[SpanExecutor]]) -> None:

@@ -21,16 +21,17 @@ of the larger batch stays within `BATCH_SLACK` of the batch without them: on a o
 a 5-row batch costs about three 1-row steps (docs/benchmarks.md), which a light client should not
 pay for a heavy one's rows.
 
-**Holding a unit back (anticipation).** A decoding client's next step arrives a short, measured gap
+**Holding a unit back (anticipation).** A client's next step (or call) arrives a short, measured gap
 after its last one was answered (its round trip; a few ms on loopback). A unit started in that gap
 cannot be interrupted: a 64-row chunk runs ~250 ms on one thread, so a light client would wait a
 whole chunk for every token. When the unit about to start serves only clients with more usage than a
-client whose step is due, and the unit would take longer than that client's gap, the scheduler waits
-for the step up to `ANTICIPATE_FACTOR` times the gap, never longer than the unit itself would take
+client that is due back before the unit would end, the scheduler waits for that client up to
+`ANTICIPATE_FACTOR` times its gap, never longer than the unit itself would take
 (the anticipatory disk scheduler's idea: Iyer and Druschel, SOSP 2001). At most one wait per
-answered step, so a peer idles at most that much per token of a light client, and only to the cost
-of heavier ones. Between clients of similar usage, decode batches are never held: a lone session
-pays no batching delay.
+answer, so a peer idles at most that much per step of a lighter client, and only to the cost of
+heavier ones; units that end before it is due still fill its gaps. Between decode steps of clients
+of similar usage, a hold merges what would run as two batches in turn (each client paying for
+both) into one. A lone session pays no batching delay: work is held only for another client.
 
 Nothing here reads a clock or a queue: the scheduler passes the time, the usage and the gaps in.
 """
@@ -206,8 +207,8 @@ def plan_next(pending: Sequence[Pending], *, last_was_batch: bool, max_batch_row
 
 @dataclass(frozen=True)
 class Due:
-    """A decoding session whose next step is expected: its `client`, its measured `gap_ms` (median
-    time from an answered step to the session's next step) and `elapsed_ms` since its last answer."""
+    """A client whose next work is expected: its measured `gap_ms` (median time from an answer to
+    the client's next step or call) and `elapsed_ms` since its last answer."""
 
     client: str
     gap_ms: float
@@ -219,9 +220,9 @@ def hold_ms(unit: Unit, unit_clients: set[str], unit_cost_ms: float | None, due:
     """How long to hold `unit` back for a due step of a lighter client (see the module docstring).
 
     A due client counts when it is not served by the unit, has less usage than every client the
-    unit serves (clearly less, `heavier`, when the unit is a batch: batches of similar clients are
-    never held), its gap is shorter than the unit's cost, and its step is still expected
-    (elapsed < ANTICIPATE_FACTOR * gap).
+    unit serves, it is due back before the unit would end (gap - elapsed < the unit's cost), and it
+    is still expected (elapsed < ANTICIPATE_FACTOR * gap). A held batch of similar clients then
+    takes the due client's step too (two half batches in turn cost each client both).
 
     Returns:
         ms to wait for a new arrival before planning again (0: start the unit now); at most
@@ -232,13 +233,9 @@ def hold_ms(unit: Unit, unit_clients: set[str], unit_cost_ms: float | None, due:
     wait = 0.0
     for d in due:
         u = usage.get(d.client, 0.0)
-        if d.client in unit_clients or d.gap_ms >= unit_cost_ms:
-            continue
-        if unit.kind == "batch":
-            lighter = all(heavier(usage.get(c, 0.0), u) for c in unit_clients)
-        else:
-            lighter = all(usage.get(c, 0.0) > u for c in unit_clients)
-        if lighter:
+        if d.client in unit_clients or d.gap_ms - d.elapsed_ms >= unit_cost_ms:
+            continue  # the unit would end before the client is due: no harm in running it
+        if all(usage.get(c, 0.0) > u for c in unit_clients):
             wait = max(wait, ANTICIPATE_FACTOR * d.gap_ms - d.elapsed_ms)
     return min(max(wait, 0.0), unit_cost_ms)
 

@@ -203,12 +203,15 @@ def test_a_heavy_clients_batch_waits_too():
     assert hold_ms(GREEDY_BATCH, {"greedy"}, 40.0, [Due("modest", 3.0, 0.0)], USAGE) == pytest.approx(6.0)
 
 
-def test_nothing_is_held_for_a_heavier_or_similar_client_or_for_a_batch_of_similar_ones():
+def test_nothing_is_held_for_a_heavier_client_or_for_one_the_unit_serves():
     assert hold_ms(CHUNK, {"modest"}, 250.0, [Due("greedy", 3.0, 0.0)], USAGE) == 0.0
     assert hold_ms(CHUNK, {"greedy"}, 250.0, [Due("greedy", 3.0, 0.0)], USAGE) == 0.0
-    # similar usage: a chunk is still held (the decoder has used less), a batch is not
-    assert hold_ms(CHUNK, {"greedy"}, 250.0, [Due("peer", 3.0, 0.0)], USAGE) == pytest.approx(6.0)
-    assert hold_ms(GREEDY_BATCH, {"greedy"}, 40.0, [Due("peer", 3.0, 0.0)], USAGE) == 0.0
+    assert hold_ms(GREEDY_BATCH, {"greedy", "modest"}, 40.0, [Due("modest", 3.0, 0.0)], USAGE) == 0.0
+
+
+def test_a_batch_is_held_for_a_slightly_lighter_client_so_the_two_merge():
+    # similar usage (7000 vs 8000): two batches in turn would cost each client both
+    assert hold_ms(GREEDY_BATCH, {"greedy"}, 40.0, [Due("peer", 3.0, 0.0)], USAGE) == pytest.approx(6.0)
 
 
 def test_nothing_is_held_when_it_saves_nothing_or_the_step_is_overdue_or_the_cost_unknown():
@@ -216,6 +219,14 @@ def test_nothing_is_held_when_it_saves_nothing_or_the_step_is_overdue_or_the_cos
     assert hold_ms(CHUNK, {"greedy"}, 250.0, [Due("modest", 3.0, 6.5)], USAGE) == 0.0  # overdue
     assert hold_ms(CHUNK, {"greedy"}, None, [Due("modest", 3.0, 0.0)], USAGE) == 0.0
     assert hold_ms(CHUNK, {"greedy"}, 250.0, [], USAGE) == 0.0
+
+
+def test_a_unit_that_would_end_before_the_light_client_is_due_runs_but_a_later_one_is_held():
+    # gap 30 ms: a 20 ms batch right after the answer ends before the client is back; 20 ms later
+    # the next one would not, and waits (at most as long as itself).
+    assert hold_ms(GREEDY_BATCH, {"greedy"}, 20.0, [Due("modest", 30.0, 0.0)], USAGE) == 0.0
+    assert hold_ms(GREEDY_BATCH, {"greedy"}, 20.0, [Due("modest", 30.0, 20.0)], USAGE) == 20.0
+    assert hold_ms(GREEDY_BATCH, {"greedy"}, 20.0, [Due("modest", 30.0, 50.0)], USAGE) == pytest.approx(10.0)
 
 
 def test_a_hold_never_outlasts_the_unit_it_holds():
