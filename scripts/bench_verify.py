@@ -27,7 +27,7 @@ Reported (one JSON object on stdout; progress on stderr):
   receipt: microseconds to compute one step's receipt of one decode row.
 
     python scripts/bench_verify.py [--tokens 48] [--liar-runs 5] [--liar-tokens 64] [--cost-runs 8] \
-        [--liar-span 20:30]
+        [--liar-span 20:30] [--sweep-steps 40]
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def liars(ps: PeerSet, path: Path, join: tuple[str, ...], want: str, args) -> di
             engine.settle_checks = True
             try:
                 wait_reachable(engine, liar.peer_id)
-                s = generate(engine, tokenizer, CheckPolicy(seed=seed), args.liar_tokens)
+                s = generate(engine, tokenizer, CheckPolicy(seed=seed, sweep_steps=args.sweep_steps), args.liar_tokens)
             finally:
                 engine.close()
             of_liar = [c for c in s.telemetry.checks if c.peer_id == liar.peer_id]
@@ -229,13 +229,14 @@ def cost(engine, tokenizer, args) -> dict:
     for i in range(args.cost_runs):
         fresh_standing(engine)
         plain.append(generate(engine, tokenizer, None, args.tokens).telemetry)
-        checked.append(generate(engine, tokenizer, CheckPolicy(seed=i), args.tokens).telemetry)
-        prefill.append(generate(engine, tokenizer, CheckPolicy(seed=i, verify_prefill=True), args.tokens).telemetry)
+        checked.append(generate(engine, tokenizer, CheckPolicy(seed=i, sweep_steps=args.sweep_steps), args.tokens).telemetry)
+        prefill.append(generate(engine, tokenizer, CheckPolicy(seed=i, verify_prefill=True, sweep_steps=args.sweep_steps),
+                                args.tokens).telemetry)
     p, c = (statistics.median(t.decode_tokens_per_s for t in ts) for ts in (plain, checked))
     ttft = [statistics.median(t.ttft_ms for t in ts) for ts in (plain, checked, prefill)]
     return {"plain_tokens_per_s": round(p, 1), "checked_tokens_per_s": round(c, 1),
             "cost_pct": round(100.0 * (1.0 - c / p), 1), "default_rate": CheckPolicy().rate,
-            "first_check_step": CheckPolicy().first_check_step,
+            "first_check_step": CheckPolicy().first_check_step, "sweep_steps": args.sweep_steps,
             "ttft_ms": {"plain": round(ttft[0], 1), "checked": round(ttft[1], 1),
                         "verify_prefill": round(ttft[2], 1)},
             "verify_prefill_ttft_cost_pct": round(100.0 * (ttft[2] / ttft[0] - 1.0), 1)}
@@ -248,6 +249,8 @@ def main() -> int:
     ap.add_argument("--liar-tokens", type=int, default=64)
     ap.add_argument("--cost-runs", type=int, default=8)
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--sweep-steps", type=int, default=CheckPolicy().sweep_steps,
+                    help="decode steps between sweeps of every hop (CheckPolicy.sweep_steps; 0: none)")
     ap.add_argument("--liar-span", default="10:20", help="the liars' layers: 10:20, or 20:30 (the last hop)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: kernel,honest,liars,cost")
     args = ap.parse_args()
