@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--load", choices=("decode", "prefill", "both"), default="both")
-    ap.add_argument("--greedy-s", type=float, default=10.0, help="seconds of greedy load before the modest client")
+    ap.add_argument("--greedy-s", type=float, default=10.0,
+                    help="seconds of greedy load before the modest client")
     ap.add_argument("--skip-frames", action="store_true")
     args = ap.parse_args(argv)
     path = resolve_model(args.model, progress=True)

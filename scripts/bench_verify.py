@@ -193,7 +193,8 @@ def liars(ps: PeerSet, path: Path, join: tuple[str, ...], want: str, args) -> di
             engine.settle_checks = True
             try:
                 wait_reachable(engine, liar.peer_id)
-                s = generate(engine, tokenizer, CheckPolicy(seed=seed, sweep_steps=args.sweep_steps), args.liar_tokens)
+                policy = CheckPolicy(seed=seed, sweep_steps=args.sweep_steps)
+                s = generate(engine, tokenizer, policy, args.liar_tokens)
             finally:
                 engine.close()
             of_liar = [c for c in s.telemetry.checks if c.peer_id == liar.peer_id]
@@ -229,9 +230,9 @@ def cost(engine, tokenizer, args) -> dict:
     for i in range(args.cost_runs):
         fresh_standing(engine)
         plain.append(generate(engine, tokenizer, None, args.tokens).telemetry)
-        checked.append(generate(engine, tokenizer, CheckPolicy(seed=i, sweep_steps=args.sweep_steps), args.tokens).telemetry)
-        prefill.append(generate(engine, tokenizer, CheckPolicy(seed=i, verify_prefill=True, sweep_steps=args.sweep_steps),
-                                args.tokens).telemetry)
+        policy = CheckPolicy(seed=i, sweep_steps=args.sweep_steps)
+        checked.append(generate(engine, tokenizer, policy, args.tokens).telemetry)
+        prefill.append(generate(engine, tokenizer, dataclasses.replace(policy, verify_prefill=True), args.tokens).telemetry)
     p, c = (statistics.median(t.decode_tokens_per_s for t in ts) for ts in (plain, checked))
     ttft = [statistics.median(t.ttft_ms for t in ts) for ts in (plain, checked, prefill)]
     return {"plain_tokens_per_s": round(p, 1), "checked_tokens_per_s": round(c, 1),

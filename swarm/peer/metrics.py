@@ -190,7 +190,8 @@ class _SpanCollector:
         for name, doc, value in (
             ("swarm_peer_scheduler_holds", "Units held back for a lighter client's due decode step",
              served.scheduler.holds),
-            ("swarm_peer_scheduler_held_ms", "ms the executor stood idle in those holds", served.scheduler.held_ms),
+            ("swarm_peer_scheduler_held_ms", "ms the executor stood idle in those holds",
+             served.scheduler.held_ms),
         ):
             family = CounterMetricFamily(name, doc, labels=["span"])
             family.add_metric(span, value)

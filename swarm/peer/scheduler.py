@@ -289,7 +289,8 @@ class StepScheduler:
             return False
         now = time.perf_counter()
         due = {client: Due(client, median(self._gaps[client, kind]), (now - t) * 1000.0)
-               for client, (t, held, kind) in self._answered.items() if self._gaps.get((client, kind)) and not held}
+               for client, (t, held, kind) in self._answered.items()
+               if not held and self._gaps.get((client, kind))}
         cost = self.cost.expected_ms(CostModel.key(unit.kind, unit.rows))
         wait_ms = hold_ms(unit, {j.client for j in chosen}, cost, list(due.values()), usage)
         if wait_ms <= 0.0:

@@ -49,8 +49,8 @@ EWMA_WEIGHT = 0.2
 USAGE_HALF_LIFE_S = 10.0
 """Half-life of a client's charged compute: a client that stops is treated as new after a minute
 or so; a generation of a few hundred tokens is remembered for its whole length."""
-HEAVY_FACTOR = 2.0
-HEAVY_MARGIN_MS = 500.0
+HEAVY_FACTOR = 1.5
+HEAVY_MARGIN_MS = 500.0  # 2x + 0.5 s let a 3 s hog count as an equal (docs/benchmarks.md)
 """Client b is heavier than a when usage_b > HEAVY_FACTOR * usage_a + HEAVY_MARGIN_MS (ms of decayed
 compute): two clients sharing a peer evenly never are; a client saturating the peer for seconds is,
 next to one that just arrived."""
@@ -128,7 +128,8 @@ class ClientUsage:
         return {c: self.value(c, now) for c in clients}
 
 
-def _by_usage(indices: Sequence[int], pending: Sequence[Pending], usage: Mapping[str, float]) -> list[list[int]]:
+def _by_usage(indices: Sequence[int], pending: Sequence[Pending],
+              usage: Mapping[str, float]) -> list[list[int]]:
     """`indices` grouped by client, each group in queue order, the least-used client's group first
     (ties: the client whose first job is oldest)."""
     groups: dict[str, list[int]] = {}

@@ -110,7 +110,8 @@ def test_a_full_batch_takes_one_step_per_client_before_a_second_of_any():
 
 def test_a_batch_starts_with_the_least_used_client():
     pending = [step_of("a", 0), step_of("a", 1), step_of("b", 2), step_of("b", 3)]
-    unit = plan_next(pending, last_was_batch=False, max_batch_rows=1, chunk_tokens=64, usage={"a": 70.0, "b": 30.0})
+    unit = plan_next(pending, last_was_batch=False, max_batch_rows=1, chunk_tokens=64,
+                     usage={"a": 70.0, "b": 30.0})
     assert unit == Unit("batch", (2,), 1)
 
 
