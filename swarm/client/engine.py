@@ -52,6 +52,11 @@ class EngineSession(Protocol):
             Rewind: (swarm) tokens given out earlier were computed wrong; `token` was not appended.
         """
 
+    def settle(self) -> Rewind | None:
+        """Called once the generation has its last token: a `Rewind` (as `decode` raises it) when
+        tokens given out turn out computed wrong (swarm: a spot check still in flight caught a
+        peer), and the generation goes on from its step; None: the tokens stand."""
+
     def close(self) -> None:
         """Release the session (idempotent; always called, also after errors and interrupts)."""
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from swarm.client.engine import Engine, EngineSession, Rewind, StepResult, Tokenizer
@@ -187,6 +187,7 @@ class TokenStream:
         """The latest rewind's token position and replaced tokens, for its `Correction`."""
         self._draft_lock = threading.Lock()
         self._draft_closed = False
+        self._t0 = self._last = 0.0  # perf_counter s: the start, and the latest token
         self._iter = self._run()
 
     def __iter__(self) -> Iterator[str | Correction]:
@@ -201,33 +202,17 @@ class TokenStream:
 
     def _run(self) -> Iterator[str | Correction]:
         decoder = DeltaDecoder(self._req.stop)
-        t0 = last = time.perf_counter()
+        self._t0 = self._last = time.perf_counter()
         session = self._engine.open_session(
             len(self._prompt) + self._req.max_new_tokens, self._req.sampling, self.telemetry
         )
         try:
-            steps = self._steps(session)
-            for step in steps:
-                if isinstance(step, Rewind):
-                    decoder = self._rewind(step.position - len(self._prompt))
-                    continue
-                now = time.perf_counter()
-                if not self.telemetry.ttft_ms:
-                    self.telemetry.ttft_ms = (now - t0) * 1000.0
-                if self._tok.is_end(step.token):
-                    self.telemetry.finish_reason = "stop"
-                    break
-                self.telemetry.token_latencies_ms.append((now - last) * 1000.0)
-                last = now
-                self.tokens.append(step.token)
-                decoder.feed(self._tok.piece(step.token))
-                yield from self._give_out(decoder.text, final=False)
-                if decoder.stopped:
-                    self.telemetry.finish_reason = "stop"
-                    break
-                if len(self.tokens) >= self._req.max_new_tokens:
-                    self.telemetry.finish_reason = "length"
-                    break
+            decoder = yield from self._take(self._steps(session), decoder)
+            # a spot check still in flight may catch a peer whose rows made the text: its verdict
+            # rolls the text back, and the generation goes on from there
+            while (rewind := session.settle()) is not None:
+                decoder = self._rewind(rewind.position - len(self._prompt))
+                decoder = yield from self._take(self._steps(session, rewind.step), decoder)
         finally:
             session.close()
             if self._req.speculation is not None and hasattr(self._req.speculation.draft, "close"):
@@ -236,8 +221,35 @@ class TokenStream:
                     self._req.speculation.draft.close()  # a draft model's context goes back to its pool
         decoder.finish()
         yield from self._give_out(decoder.text, final=True)
-        self.telemetry.finalize((time.perf_counter() - t0) * 1000.0)
+        self.telemetry.finalize((time.perf_counter() - self._t0) * 1000.0)
         self.result = Generation(text=decoder.text, tokens=list(self.tokens), telemetry=self.telemetry)
+
+    def _take(self, steps: Iterator[StepResult | Rewind], decoder: DeltaDecoder
+              ) -> Generator[str | Correction, None, DeltaDecoder]:
+        """Take tokens from `steps` into the text until the end token, a stop string or the length;
+        yields the text given out; returns the decoder of the text so far."""
+        for step in steps:
+            if isinstance(step, Rewind):
+                decoder = self._rewind(step.position - len(self._prompt))
+                continue
+            now = time.perf_counter()
+            if not self.telemetry.ttft_ms:
+                self.telemetry.ttft_ms = (now - self._t0) * 1000.0
+            if self._tok.is_end(step.token):
+                self.telemetry.finish_reason = "stop"
+                break
+            self.telemetry.token_latencies_ms.append((now - self._last) * 1000.0)
+            self._last = now
+            self.tokens.append(step.token)
+            decoder.feed(self._tok.piece(step.token))
+            yield from self._give_out(decoder.text, final=False)
+            if decoder.stopped:
+                self.telemetry.finish_reason = "stop"
+                break
+            if len(self.tokens) >= self._req.max_new_tokens:
+                self.telemetry.finish_reason = "length"
+                break
+        return decoder
 
     def _rewind(self, keep: int) -> DeltaDecoder:
         """Drop the generated tokens from index `keep` on (the engine session rolled back); returns
@@ -282,10 +294,11 @@ class TokenStream:
         if delta:
             yield delta
 
-    def _steps(self, session: EngineSession) -> Iterator[StepResult | Rewind]:
-        """The sampled tokens in order: the prefill's, then by decode steps or verify passes. Each
-        is taken into `self.tokens` before the next is asked for (the draft reads them); a `Rewind`
-        of the session comes before the token it yields."""
+    def _steps(self, session: EngineSession, resumed: StepResult | None = None) -> Iterator[StepResult | Rewind]:
+        """The sampled tokens in order: the prefill's (or `resumed`, the token at the end of a
+        session rolled back after the last token), then by decode steps or verify passes. Each is
+        taken into `self.tokens` before the next is asked for (the draft reads them); a `Rewind` of
+        the session comes before the token it yields."""
         spec = self._req.speculation
         if not getattr(self._engine, "rollback_exact", True):
             spec = None  # a verify pass keeps the accepted rows by rolling the rest back: not here
@@ -294,8 +307,8 @@ class TokenStream:
             if verify is None:
                 raise RequestError(f"the {self.telemetry.backend} backend cannot verify drafts: "
                                    "speculative decoding runs on the swarm")
-            self.telemetry.speculation = Acceptance()
-        step = session.prefill(self._prompt)
+            self.telemetry.speculation = self.telemetry.speculation or Acceptance()
+        step = resumed or session.prefill(self._prompt)
         yield step
         policy = KPolicy(spec.k) if spec is not None and spec.adaptive else None
         shadow: tuple[list[int], int] | None = None  # a shadow draft and where it starts in self.tokens

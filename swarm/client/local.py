@@ -330,6 +330,9 @@ class LocalSession:
         assert logits is not None
         return self._sample(logits)
 
+    def settle(self) -> None:
+        """Nothing to settle: this process computed every token itself."""
+
     def close(self) -> None:
         """Give the context and the reserved tokens back to the engine (idempotent)."""
         with self._engine._lock:  # noqa: SLF001 - not while a step of this session holds the context

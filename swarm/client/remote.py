@@ -263,6 +263,14 @@ class RemoteSession:
             raise Rewind(r.position, StepResult(token=r.token.token)) from None
         return [StepResult(token=t) for t in new]
 
+    def settle(self) -> Rewind | None:
+        """Called when the generation has its last token: wait for the spot checks in flight. A
+        `Rewind` when one caught a hop (the route was rebuilt without it and rolled back, as
+        `decode` raises it): the tokens from its position on are replaced, and the generation goes
+        on from its `step`; None: the tokens given out stand."""
+        t = self._loop.run(self.route.settle(), CALL_TIMEOUT_S)
+        return None if t is None else Rewind(self.route.pos, StepResult(token=t.token, logprob=t.logprob, top=t.top))
+
     async def _verify(self, x, tokens: list[int], group_rows: int | None,
                       ahead: Callable[[], Sequence[int]] | None) -> list[int]:
         """Verify `tokens` (the last token, then the draft), embedded as `x`; keep the accepted rows."""

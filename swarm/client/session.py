@@ -700,6 +700,16 @@ class RouteSession:
         await self.checks.check_now(self._check_records())
         return self._replayed_token if await self._apply_checks() else None
 
+    async def settle(self) -> Token | None:
+        """Wait for the spot checks in flight (the generation's last token is out); when one caught
+        a hop of the route, drop it and roll back as a step would (`_drop_caught`) and return the
+        rebuilt route's token at the new `pos` (the caller generates on from there); None: nothing
+        was caught, no checks, or `CheckPolicy.settle_at_end` is off."""
+        if self.checks is None or not self.checks.ctx.policy.settle_at_end:
+            return None
+        await self.checks.wait()
+        return self._replayed_token if await self._apply_checks() else None
+
     async def _apply_checks(self) -> bool:
         """Drop every hop a spot check caught since the last step, rebuilding the route and rolling
         it back to the earliest first wrong row; True when it rolled back (`_replayed_token` is then

@@ -223,6 +223,11 @@ class CheckPolicy:
         verify_prefill: check every hop's prompt rows before the first token is given out, so a
             peer lying from its first answer cannot change any token (costs TTFT: one prefill of
             each checked span on its checker, waited for).
+        settle_at_end: the generation ends only when the checks in flight have answered; one
+            that caught a hop then rolls the text back and the generation goes on from the first
+            wrong row, so a verdict after the last token still repairs it (costs the rest of that
+            check's time at the end, only when one is in flight). False: checks in flight at the
+            end are dropped, and a peer they would have caught keeps its tokens in this text.
     """
 
     rate: float = DEFAULT_CHECK_RATE
@@ -234,6 +239,7 @@ class CheckPolicy:
     standing_window_s: float = 7 * 24 * 3600.0
     regroup: bool = True
     verify_prefill: bool = False
+    settle_at_end: bool = True
 
     def __post_init__(self):
         if not 0.0 <= self.rate <= 1.0:

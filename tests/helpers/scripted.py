@@ -1,8 +1,8 @@
 """A named fake engine whose session rolls back, as the swarm's does when a spot check caught a peer.
 
 `ScriptedSession` hands out `given` tokens (the prefill's, then one per decode call), raises `Rewind`
-at decode call `rewind_at` (1-based) to `keep` generated tokens, then hands out `honest` tokens from
-there on. `Letters` decodes token t to the letter chr(ord("a") + t - 1); token 0 ends the text.
+at decode call `rewind_at` (1-based; 0: returns it from `settle`, after the last token, as a late
+spot check's verdict does) to `keep` generated tokens, then hands out `honest` tokens from there on. `Letters` decodes token t to the letter chr(ord("a") + t - 1); token 0 ends the text.
 """
 
 from __future__ import annotations
@@ -22,15 +22,21 @@ class ScriptedSession:
         assert list(tokens) == PROMPT
         return StepResult(self.given[0])
 
+    def _rollback(self) -> Rewind:
+        self.next = self.keep + 1
+        return Rewind(len(PROMPT) + self.keep, StepResult(self.honest[self.keep]))
+
     def decode(self, token: int) -> StepResult:
         self.calls += 1
         if self.calls == self.rewind_at:
-            self.next = self.keep + 1
-            raise Rewind(len(PROMPT) + self.keep, StepResult(self.honest[self.keep]))
+            raise self._rollback()
         if self.next is None:
             return StepResult(self.given[self.calls])
         self.next += 1
         return StepResult(self.honest[self.next - 1])
+
+    def settle(self) -> Rewind | None:
+        return self._rollback() if self.rewind_at == 0 and self.next is None else None
 
     def close(self) -> None:
         pass

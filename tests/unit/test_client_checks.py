@@ -8,6 +8,7 @@ states after a number of Forward frames) is outside any band.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 
 import numpy as np
@@ -70,15 +71,20 @@ def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | Non
                 tok = await s.step(x[i : i + 3], token_ids=np.array(PROMPT[i : i + 3]))
             tok = await s.verify_prefill() or tok  # as swarm.client.remote.RemoteSession.prefill does
             tokens = [tok.token]
-            while len(tokens) < N_NEW:
-                try:
-                    tokens.append((await s.step(embed(tokens[-1]), token_ids=np.array(tokens[-1:]))).token)
-                except Rewound as r:
-                    assert len(PROMPT) <= r.position < len(PROMPT) + len(tokens)
-                    del tokens[r.position - len(PROMPT):]
-                    tokens.append(r.token.token)
-                await asyncio.sleep(0)  # let the check tasks run beside the steps, as on a real loop
-            return tokens
+            while True:
+                while len(tokens) < N_NEW:
+                    try:
+                        tokens.append((await s.step(embed(tokens[-1]), token_ids=np.array(tokens[-1:]))).token)
+                    except Rewound as r:
+                        assert len(PROMPT) <= r.position < len(PROMPT) + len(tokens)
+                        del tokens[r.position - len(PROMPT):]
+                        tokens.append(r.token.token)
+                    await asyncio.sleep(0)  # let the check tasks run beside the steps, as on a real loop
+                settled = await s.settle()  # as swarm.client.generate's loop does after the last token
+                if settled is None:
+                    return tokens
+                del tokens[s.pos - len(PROMPT):]
+                tokens.append(settled.token)
         finally:
             await s.close()
         assert swarm.open_sessions() == 0
@@ -158,6 +164,23 @@ def test_a_peer_that_starts_lying_after_the_first_check_is_caught_by_the_next_sw
     assert [(c.peer_id, c.decode_step) for c in caught] == [("m1", 12)]
     assert exclusions.reason("m1") is FailureReason.WRONG_OUTPUT
     assert tokens == plain
+
+def test_a_verdict_after_the_last_token_still_repairs_the_text():
+    """The only check starts at the last decode step: the generation waits for it at its end, the
+    liar is dropped, and the text is regenerated from its first wrong row (with `settle_at_end` off
+    the verdict comes too late: caught, but nothing repaired)."""
+    plain, _, _, _ = generate(swarm_of(), CheckPolicy(rate=0.0, first_check_step=-1))
+    last = CheckPolicy(rate=0.0, first_check_step=N_NEW - 2, seed=5, regroup=False)
+    tokens, t, _, _ = generate(swarm_of("lie", lie_after=6), last)
+    [caught] = [c for c in t.checks if c.verdict == "caught"]
+    assert caught.decode_step == N_NEW - 2
+    [f] = t.failovers
+    assert f.peer_id == "m1" and f.rewound_to == caught.first_outside + 1 == len(PROMPT) + 4
+    assert tokens == plain
+    late, t, _, _ = generate(swarm_of("lie", lie_after=6), dataclasses.replace(last, settle_at_end=False))
+    assert [c.verdict for c in t.checks] == ["caught"] and t.failovers == []
+    assert late != plain
+
 
 def test_a_lying_checker_is_outvoted_and_caught_instead():
     """m2, the first checker (cheaper than m3), lies from its first Forward; m1 is honest."""

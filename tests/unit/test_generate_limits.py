@@ -44,6 +44,9 @@ class _Session:
         self.verified += 1
         return [self.decode(token)]
 
+    def settle(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

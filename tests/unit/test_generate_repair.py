@@ -51,3 +51,19 @@ def test_a_rollback_to_the_first_tokens(keep, text):
     [c] = [e for e in events if isinstance(e, Correction)]
     assert c == Correction(position=keep, text="ddd"[keep:], token_position=keep, tokens=(4, 4, 4)[keep:])
     assert shown(events) == s.result.text == text and len(s.result.tokens) == 4
+
+
+def test_a_rollback_after_the_last_token_repairs_the_text_and_generates_on():
+    """A spot check's verdict that comes after the last token (`settle`) still rolls the text back:
+    the wrong tokens are withdrawn and the generation goes on to the requested length."""
+    events, s = run([1, 2, 3, 4], 0, 2, [1, 2, 3, 9, 10, 11], 4)
+    [c] = [e for e in events if isinstance(e, Correction)]
+    assert c == Correction(position=3, text="d", token_position=2, tokens=(3, 4))
+    assert shown(events) == s.result.text == "abci" and s.result.tokens == [1, 2, 3, 9]
+    assert s.result.telemetry.finish_reason == "length" and s.result.telemetry.generated_tokens == 4
+
+
+def test_a_rollback_after_the_end_token_recomputes_past_it():
+    """The wrong text had ended (token 0); the recomputed one goes on to the length."""
+    events, s = run([1, 2, 0], 0, 1, [1, 5, 6, 7], 4)
+    assert shown(events) == s.result.text == "aefg" and s.result.telemetry.finish_reason == "length"
