@@ -10,8 +10,9 @@ Same model, prompt and steps for every setting (1 thread per peer, greedy, ~128-
   With --all also, on peers started with the older 2 ms inline threshold (--inline-max-ms) and on
   peers pinned one core each, round-robin (taskset -a): direct/relay/2ms, libp2p/relay/2ms,
   direct/push/pinned.
-  With --loops also, peers and client on uvloop's event loop instead of asyncio's own
-  (SWARM_EVENT_LOOP=uvloop, swarm/eventloop.py): direct/relay/uvloop, direct/push/uvloop.
+  Peers run on uvloop's event loop and the client on asyncio's (the defaults, swarm/eventloop.py).
+  With --loops also: everything on asyncio's loop (the default before 2026-12-06; .../asyncio), and
+  the client on uvloop's too (.../uvloop-client), for direct/relay and direct/push.
 Per-hop overhead = (client's step time - the hops' reported compute) / hops, p50 (bench_swarm.py's
 measure). The client and peer processes are the same for every client setting: the client switches
 with `RemoteEngine.transport.direct` and `RemoteEngine.push`, the peers offer all. Prints one JSON
@@ -85,7 +86,8 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--all", action="store_true", help="also the 2 ms inline threshold and pinned peers")
-    ap.add_argument("--loops", action="store_true", help="also peers and client on uvloop's event loop")
+    ap.add_argument("--loops", action="store_true", 
+                    help="also all on asyncio's event loop, and the client on uvloop's")
     args = ap.parse_args()
     path = resolve_model(args.model)
     n_layers = build_manifest(path).n_layers
@@ -96,22 +98,26 @@ def main() -> None:
     whole = bs.bench_whole(path, prompt, args.decode, 1, args.repeats)
     out["whole"] = whole
     settings = {}
-    both = [(d, p) for p in (False, True) for d in (False, True)]
-    peer_sets = [(10.0, False, "asyncio", both)]
+    # (inline ms, pinned, the peers' loop, [(direct, push, the client's loop, name suffix)])
+    both = [(d, p, "asyncio", "") for p in (False, True) for d in (False, True)]
+    peer_sets = [(10.0, False, "uvloop", both)]
     if args.loops:
-        peer_sets += [(10.0, False, "uvloop", [(True, False), (True, True)])]
+        peer_sets += [(10.0, False, "asyncio", [(True, False, "asyncio", "/asyncio"),
+                                                (True, True, "asyncio", "/asyncio")]),
+                      (10.0, False, "uvloop", [(True, False, "uvloop", "/uvloop-client"),
+                                               (True, True, "uvloop", "/uvloop-client")])]
     if args.all:
-        peer_sets += [(2.0, False, "asyncio", [(False, False), (True, False)]),
-                      (10.0, True, "asyncio", [(True, True)])]
+        peer_sets += [(2.0, False, "uvloop", [(False, False, "asyncio", "/2ms"),
+                                              (True, False, "asyncio", "/2ms")]),
+                      (10.0, True, "uvloop", [(True, True, "asyncio", "/pinned")])]
     with tempfile.TemporaryDirectory(prefix="bench-hops-") as tmp:
-        for i, (inline_ms, pin, loop, clients) in enumerate(peer_sets):
-            ps = start(Path(tmp) / f"s{i}", path, n_layers, inline_ms, pin, loop)
+        for i, (inline_ms, pin, peer_loop, clients) in enumerate(peer_sets):
+            ps = start(Path(tmp) / f"s{i}", path, n_layers, inline_ms, pin, peer_loop)
             try:
-                for direct, push in clients:
-                    name = f"{'direct' if direct else 'libp2p'}/{'push' if push else 'relay'}" + (
-                        "/pinned" if pin else "" if inline_ms == 10.0 else f"/{inline_ms:g}ms") + (
-                        "" if loop == "asyncio" else f"/{loop}")
-                    settings[name] = measure(path, prompt, args.decode, ps, direct, push, args.repeats, loop)
+                for direct, push, client_loop, suffix in clients:
+                    name = f"{'direct' if direct else 'libp2p'}/{'push' if push else 'relay'}{suffix}"
+                    settings[name] = measure(path, prompt, args.decode, ps, direct, push, args.repeats,
+                                             client_loop)
             finally:
                 ps.stop_all()
     out["swarm"] = settings

@@ -294,7 +294,8 @@ class TokenStream:
         if delta:
             yield delta
 
-    def _steps(self, session: EngineSession, resumed: StepResult | None = None) -> Iterator[StepResult | Rewind]:
+    def _steps(self, session: EngineSession,
+               resumed: StepResult | None = None) -> Iterator[StepResult | Rewind]:
         """The sampled tokens in order: the prefill's (or `resumed`, the token at the end of a
         session rolled back after the last token), then by decode steps or verify passes. Each is
         taken into `self.tokens` before the next is asked for (the draft reads them); a `Rewind` of

@@ -20,7 +20,7 @@ class LoopThread:
     """An asyncio loop in a daemon thread; `run(coro)` executes a coroutine there and waits."""
 
     def __init__(self):
-        self.loop = eventloop.new_event_loop()
+        self.loop = eventloop.new_event_loop("client")
         self._thread = threading.Thread(target=self.loop.run_forever, name="swarm-client-loop", daemon=True)
         self._thread.start()
 

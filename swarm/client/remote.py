@@ -269,7 +269,9 @@ class RemoteSession:
         `decode` raises it): the tokens from its position on are replaced, and the generation goes
         on from its `step`; None: the tokens given out stand."""
         t = self._loop.run(self.route.settle(), CALL_TIMEOUT_S)
-        return None if t is None else Rewind(self.route.pos, StepResult(token=t.token, logprob=t.logprob, top=t.top))
+        if t is None:
+            return None
+        return Rewind(self.route.pos, StepResult(token=t.token, logprob=t.logprob, top=t.top))
 
     async def _verify(self, x, tokens: list[int], group_rows: int | None,
                       ahead: Callable[[], Sequence[int]] | None) -> list[int]:

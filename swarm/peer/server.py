@@ -189,7 +189,8 @@ async def serve(
             + (f", direct streams on port {direct_port}" if direct is not None else "")
             + (f", relaying for others on port {relay_port}" if relay is not None else "")
             + (f", reached through relay {announcer.relay_addrs[0]}" if announcer.relay_addrs else "")
-            + f"; reachability {reach.current.status} ({reach.current.reason})",
+            + f"; reachability {reach.current.status} ({reach.current.reason})"
+            + f"; event loop {type(asyncio.get_running_loop()).__module__.split('.')[0]}",
             file=sys.stderr,
             flush=True,
         )
@@ -305,4 +306,4 @@ def serve_forever(cfg: ServeConfig) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    eventloop.run(serve(cfg))
+    eventloop.run(serve(cfg), role="peer")

@@ -2,7 +2,8 @@
 
 `ScriptedSession` hands out `given` tokens (the prefill's, then one per decode call), raises `Rewind`
 at decode call `rewind_at` (1-based; 0: returns it from `settle`, after the last token, as a late
-spot check's verdict does) to `keep` generated tokens, then hands out `honest` tokens from there on. `Letters` decodes token t to the letter chr(ord("a") + t - 1); token 0 ends the text.
+spot check's verdict does) to `keep` generated tokens, then hands out `honest` tokens from there on.
+`Letters` decodes token t to the letter chr(ord("a") + t - 1); token 0 ends the text.
 """
 
 from __future__ import annotations

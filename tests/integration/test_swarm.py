@@ -5,6 +5,8 @@ The oracle for every output is llama-cpp-python's own whole-model greedy complet
 
 from __future__ import annotations
 
+import os
+
 import threading
 
 from swarm import Client
@@ -144,6 +146,9 @@ def test_serve_without_layers_extends_the_chain_then_completes_it(smollm2_path, 
         first.maddrs[0],
     )
     assert "serving layers 20:30 " in third.stderr_text()
+    # a peer process runs on uvloop's event loop unless SWARM_EVENT_LOOP says otherwise
+    want = os.environ.get("SWARM_EVENT_LOOP") or "uvloop"
+    assert all(f"; event loop {want}" in p.stderr_text() for p in (second, third))
 
 
 def test_seeded_sampling_over_the_swarm_equals_local(smol_swarm, smollm2_path):

@@ -74,7 +74,8 @@ def generate(peers: list[SpanPeer], check: CheckPolicy, standing: Standing | Non
             while True:
                 while len(tokens) < N_NEW:
                     try:
-                        tokens.append((await s.step(embed(tokens[-1]), token_ids=np.array(tokens[-1:]))).token)
+                        tok = await s.step(embed(tokens[-1]), token_ids=np.array(tokens[-1:]))
+                        tokens.append(tok.token)
                     except Rewound as r:
                         assert len(PROMPT) <= r.position < len(PROMPT) + len(tokens)
                         del tokens[r.position - len(PROMPT):]

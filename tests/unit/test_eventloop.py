@@ -11,25 +11,25 @@ from swarm import eventloop
 from swarm.errors import SwarmError
 
 
-@pytest.mark.parametrize("value, kind, cls", [(None, "asyncio", asyncio.BaseEventLoop),
-                                              ("", "asyncio", asyncio.BaseEventLoop),
-                                              ("uvloop", "uvloop", uvloop.Loop)])
-def test_the_loop_follows_the_environment(monkeypatch, value, kind, cls):
+@pytest.mark.parametrize("role, value, kind", [("client", None, "asyncio"), ("client", "", "asyncio"),
+                                               ("client", "uvloop", "uvloop"), ("peer", None, "uvloop"),
+                                               ("peer", "", "uvloop"), ("peer", "asyncio", "asyncio")])
+def test_the_loop_follows_the_role_and_the_environment(monkeypatch, role, value, kind):
     if value is None:
         monkeypatch.delenv(eventloop.EVENT_LOOP_ENV, raising=False)
     else:
         monkeypatch.setenv(eventloop.EVENT_LOOP_ENV, value)
-    assert eventloop.loop_kind() == kind
-    loop = eventloop.new_event_loop()
+    assert eventloop.loop_kind(role) == kind
+    loop = eventloop.new_event_loop(role)
     try:
-        assert isinstance(loop, cls) and (kind == "uvloop") == isinstance(loop, uvloop.Loop)
+        assert (kind == "uvloop") == isinstance(loop, uvloop.Loop)
     finally:
         loop.close()
 
     async def running():
         return type(asyncio.get_running_loop())
 
-    assert issubclass(eventloop.run(running()), cls)
+    assert (kind == "uvloop") == issubclass(eventloop.run(running(), role), uvloop.Loop)
 
 
 def test_an_unknown_loop_is_a_clear_error(monkeypatch):
