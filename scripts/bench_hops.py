@@ -14,20 +14,24 @@ Same model, prompt and steps for every setting (1 thread per peer, greedy, ~128-
   With --loops also: everything on asyncio's loop (the default before 2026-12-06; .../asyncio), and
   the client on uvloop's too (.../uvloop-client), for direct/relay and direct/push.
 Per-hop overhead = (client's step time - the hops' reported compute) / hops, p50 (bench_swarm.py's
-measure). The client and peer processes are the same for every client setting: the client switches
-with `RemoteEngine.transport.direct` and `RemoteEngine.push`, the peers offer all. Prints one JSON
-object.
+measure). Every peer set is started first; then in each of --rounds rounds every setting runs once
+(the best of --repeats generations), in an order rotated by one each round; the summary gives each
+round's figures and their medians. The settings of one peer set share its peers: the client
+switches with `RemoteEngine.transport.direct` and `RemoteEngine.push`, the peers offer all. Prints
+one JSON object.
 
     .venv/bin/python scripts/bench_hops.py [--model smollm2-135m] [--decode 64] [--repeats 2] \
-        [--all] [--loops]
+        [--rounds 3] [--all] [--loops]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,9 +88,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--decode", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="generations per setting per round; the best is kept")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds in which every setting runs once, in turn")
     ap.add_argument("--all", action="store_true", help="also the 2 ms inline threshold and pinned peers")
-    ap.add_argument("--loops", action="store_true", 
+    ap.add_argument("--loops", action="store_true",
                     help="also all on asyncio's event loop, and the client on uvloop's")
     args = ap.parse_args()
     path = resolve_model(args.model)
@@ -97,7 +103,6 @@ def main() -> None:
     out: dict = {"model": args.model, "cpus": os.cpu_count(), "loadavg_start": bs.loadavg()}
     whole = bs.bench_whole(path, prompt, args.decode, 1, args.repeats)
     out["whole"] = whole
-    settings = {}
     # (inline ms, pinned, the peers' loop, [(direct, push, the client's loop, name suffix)])
     both = [(d, p, "asyncio", "") for p in (False, True) for d in (False, True)]
     peer_sets = [(10.0, False, "uvloop", both)]
@@ -110,25 +115,33 @@ def main() -> None:
         peer_sets += [(2.0, False, "uvloop", [(False, False, "asyncio", "/2ms"),
                                               (True, False, "asyncio", "/2ms")]),
                       (10.0, True, "uvloop", [(True, True, "asyncio", "/pinned")])]
-    with tempfile.TemporaryDirectory(prefix="bench-hops-") as tmp:
+    # every peer set starts first and the settings take turns, round after round (rotated): a
+    # shared VM's speed drifts by 10-30% within minutes, more than the differences measured here
+    runs: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-hops-") as tmp, contextlib.ExitStack() as stack:
+        plan = []
         for i, (inline_ms, pin, peer_loop, clients) in enumerate(peer_sets):
             ps = start(Path(tmp) / f"s{i}", path, n_layers, inline_ms, pin, peer_loop)
-            try:
-                for direct, push, client_loop, suffix in clients:
-                    name = f"{'direct' if direct else 'libp2p'}/{'push' if push else 'relay'}{suffix}"
-                    settings[name] = measure(path, prompt, args.decode, ps, direct, push, args.repeats,
-                                             client_loop)
-            finally:
-                ps.stop_all()
-    out["swarm"] = settings
+            stack.callback(ps.stop_all)
+            for direct, push, client_loop, suffix in clients:
+                name = f"{'direct' if direct else 'libp2p'}/{'push' if push else 'relay'}{suffix}"
+                plan.append((name, ps, direct, push, client_loop))
+        for r in range(args.rounds):
+            for name, ps, direct, push, client_loop in plan[r % len(plan):] + plan[: r % len(plan)]:
+                runs.setdefault(name, []).append(
+                    measure(path, prompt, args.decode, ps, direct, push, args.repeats, client_loop))
+    out["swarm"] = runs
     out["summary"] = {
         name: {
-            "decode_tok_s": r["decode_tok_s"],
-            "swarm_over_whole": round(r["decode_tok_s"] / whole["decode_tok_s"], 3),
-            "overhead_per_hop_ms_p50": round(r["overhead_per_hop_ms_p50"], 3),
-            "transports": r["transports"],
+            "decode_tok_s": [r["decode_tok_s"] for r in rs],
+            "swarm_over_whole_median": round(statistics.median(r["decode_tok_s"] for r in rs)
+                                             / whole["decode_tok_s"], 3),
+            "overhead_per_hop_ms_p50": [round(r["overhead_per_hop_ms_p50"], 3) for r in rs],
+            "overhead_per_hop_ms_median": round(
+                statistics.median(r["overhead_per_hop_ms_p50"] for r in rs), 3),
+            "transports": rs[0]["transports"],
         }
-        for name, r in settings.items()
+        for name, rs in runs.items()
     }
     out["loadavg_end"] = bs.loadavg()
     print(json.dumps(out, indent=1))
