@@ -49,8 +49,8 @@ EWMA_WEIGHT = 0.2
 USAGE_HALF_LIFE_S = 10.0
 """Half-life of a client's charged compute: a client that stops is treated as new after a minute
 or so; a generation of a few hundred tokens is remembered for its whole length."""
-HEAVY_FACTOR = 1.5
-HEAVY_MARGIN_MS = 500.0  # 2x + 0.5 s let a 3 s hog count as an equal (docs/benchmarks.md)
+HEAVY_FACTOR = 1.5  # 2x let a client that had held the peer 3 s count as an equal (docs/benchmarks.md)
+HEAVY_MARGIN_MS = 500.0
 """Client b is heavier than a when usage_b > HEAVY_FACTOR * usage_a + HEAVY_MARGIN_MS (ms of decayed
 compute): two clients sharing a peer evenly never are; a client saturating the peer for seconds is,
 next to one that just arrived."""
