@@ -7,9 +7,10 @@ of two processes costs ~0.08 ms with uvloop vs ~0.21 ms with asyncio's selector 
 project's machine kind, ~0.36 vs ~0.48 ms when both wake from idle (scripts/bench_event_loop.py),
 and 0.03-0.13 ms less overhead per hop on 3 loopback peers, 0.04-0.16 ms more with the client on
 it too (scripts/bench_hops.py --loops; docs/benchmarks.md, "Event loop"). Peers run it by default:
-each is a process of its own, whose loop is the only one in it. Clients keep asyncio's: a full test run with uvloop in the client's
-loop thread (a second loop in a process that runs others) ended in a segmentation fault of the
-test process during a test's teardown, and the cause was not found.
+each is a process of its own, whose loop is the only one in it. Clients keep asyncio's: a full
+test run with uvloop in the client's loop thread (a second loop in a process that runs others)
+ended in a segmentation fault of the test process during a test's teardown, and the cause was not
+found.
 """
 
 from __future__ import annotations
