@@ -225,18 +225,39 @@ def liars(ps: PeerSet, path: Path, join: tuple[str, ...], want: str, args) -> di
 
 def cost(engine, tokenizer, args) -> dict:
     """Decode tokens/s and TTFT without checks, with the default policy, and with `verify_prefill`
-    (the prompt's rows checked before the first token), generations alternating."""
-    plain, checked, prefill = [], [], []
+    (the prompt's rows checked before the first token), in pairs.
+
+    Each pair is one plain and one checked generation back to back, the order swapped every pair;
+    the cost is the median of the pairs' ratios, with a 90% bootstrap interval of that median. A
+    2-core VM's speed drifts 10-30% within minutes, which swamps a few percent between two medians
+    taken over minutes; within a pair both sides see the same machine. `replayed_rows_pct` is the
+    compute the checks ask of the swarm: rows replayed on checkers per row computed on the route.
+    """
+    plain, checked, prefill, ratios = [], [], [], []
+    replayed = routed = 0
     for i in range(args.cost_runs):
-        fresh_standing(engine)
-        plain.append(generate(engine, tokenizer, None, args.tokens).telemetry)
         policy = CheckPolicy(seed=i, sweep_steps=args.sweep_steps)
-        checked.append(generate(engine, tokenizer, policy, args.tokens).telemetry)
+        pair = {}
+        for side in (("plain", "checked") if i % 2 == 0 else ("checked", "plain")):
+            fresh_standing(engine)
+            pair[side] = generate(engine, tokenizer, policy if side == "checked" else None, args.tokens).telemetry
+        plain.append(pair["plain"])
+        checked.append(pair["checked"])
+        ratios.append(pair["checked"].decode_tokens_per_s / pair["plain"].decode_tokens_per_s)
+        t = pair["checked"]
+        replayed += sum(c.rows for c in t.checks)
+        routed += (t.prompt_tokens + t.generated_tokens) * len(t.route)
+        fresh_standing(engine)
         prefill.append(generate(engine, tokenizer, dataclasses.replace(policy, verify_prefill=True), args.tokens).telemetry)
     p, c = (statistics.median(t.decode_tokens_per_s for t in ts) for ts in (plain, checked))
     ttft = [statistics.median(t.ttft_ms for t in ts) for ts in (plain, checked, prefill)]
+    boot = np.random.default_rng(0).choice(ratios, size=(10000, len(ratios)))
+    lo, hi = np.percentile(np.median(boot, axis=1), [5, 95])
     return {"plain_tokens_per_s": round(p, 1), "checked_tokens_per_s": round(c, 1),
-            "cost_pct": round(100.0 * (1.0 - c / p), 1), "default_rate": CheckPolicy().rate,
+            "pairs": len(ratios), "cost_pct": round(100.0 * (1.0 - statistics.median(ratios)), 1),
+            "cost_pct_90ci": [round(100.0 * (1.0 - hi), 1), round(100.0 * (1.0 - lo), 1)],
+            "replayed_rows_pct": round(100.0 * replayed / max(routed, 1), 1),
+            "default_rate": CheckPolicy().rate,
             "first_check_step": CheckPolicy().first_check_step, "sweep_steps": args.sweep_steps,
             "ttft_ms": {"plain": round(ttft[0], 1), "checked": round(ttft[1], 1),
                         "verify_prefill": round(ttft[2], 1)},

@@ -327,7 +327,7 @@ class StepScheduler:
         """Charge a unit's compute to the clients it served (a batch's split over its rows)."""
         now = time.monotonic()
         for j in jobs:
-            self.usage.charge(j.client, ms / len(jobs), now)
+            self.usage.charge(j.client, ms / len(jobs), now, j.seq_id)
 
     def _answer(self, jobs: list[_Job]) -> None:
         """Note when each client's work was answered: it is due back a measured gap later. The

@@ -8,11 +8,19 @@ decides which, from what is queued and from how much compute each client was ser
 milliseconds of the units that served it (a batch's time split over its rows), and the charge
 decays with a half-life of `USAGE_HALF_LIFE_S` (`ClientUsage`; the decayed-usage fair share of
 batch schedulers such as Slurm's multifactor priority). The client with the least decayed usage
-goes next. So turns are weighted by cost: a client decoding at ~15 ms a step gets some fifteen steps
-for each 250 ms prefill chunk of a client that prefills without pause, where counting turns gave
-one step per chunk (issue 24: a modest client's decode was 27.6x slower next to a greedy prefill).
-A client holding many sessions gets no more compute than one holding a single session, because
-usage is counted per client, not per session.
+(times its busy sessions, below) goes next. So turns are weighted by cost: a client decoding at
+~15 ms a step gets some fifteen steps for each 250 ms prefill chunk of a client that prefills
+without pause, where counting turns gave one step per chunk (issue 24: a modest client's decode
+was 27.6x slower next to a greedy prefill).
+
+**Many sessions rank later.** Usage is counted per client, not per session, so a client holding
+many sessions gets no more compute than one holding a single session; and while others ask too,
+it goes later: its usage ranks multiplied by its busy sessions (`ClientUsage.priority`, at most
+`SESSION_WEIGHT_MAX`). Equal compute would still give a newcomer only half of a peer that another
+client keeps busy with several sessions (issue 24: decoding 1.9x slower next to one that had held
+the peer for 3 s); ranked so, a client with one session next to one that keeps n busy gets about
+n/(n+1) of the peer, and splitting a load over sessions never buys more of a shared peer. Alone, a
+client still gets all of it: every rule here only orders work.
 
 **Batches.** Decode steps of clients whose usage is similar (none `heavier` than the lightest with a
 step waiting) batch freely, one step per client before a second of any, as llama.cpp computes a
@@ -49,6 +57,12 @@ EWMA_WEIGHT = 0.2
 USAGE_HALF_LIFE_S = 10.0
 """Half-life of a client's charged compute: a client that stops is treated as new after a minute
 or so; a generation of a few hundred tokens is remembered for its whole length."""
+SESSION_WEIGHT_MAX = 4
+"""Most busy sessions a client's usage is multiplied by (a peer's default per-client session limit
+with 8 slots): a client ranked behind others still gets a fifth of a peer they keep busy."""
+BUSY_SESSION_S = 2.0
+"""A session counts as busy for its client's rank this long (s) after its last charged unit: longer
+than any gap between a decoding session's steps, far shorter than the usage's half-life."""
 HEAVY_FACTOR = 1.5  # 2x let a client that had held the peer 3 s count as an equal (docs/benchmarks.md)
 HEAVY_MARGIN_MS = 500.0
 """Client b is heavier than a when usage_b > HEAVY_FACTOR * usage_a + HEAVY_MARGIN_MS (ms of decayed
@@ -100,32 +114,52 @@ def heavier(usage_b: float, usage_a: float) -> bool:
 
 
 class ClientUsage:
-    """Compute ms served per client, decayed exponentially (half-life `half_life_s`).
+    """Compute ms served per client, decayed exponentially (half-life `half_life_s`), and the
+    client's busy sessions (charged within `BUSY_SESSION_S`).
 
-    `charge` and `snapshot` take the time (s, any monotonic clock) so the decay is testable.
+    `charge`, `value`, `priority` and `snapshot` take the time (s, any monotonic clock) so the decay
+    is testable.
     """
 
     def __init__(self, half_life_s: float = USAGE_HALF_LIFE_S, max_clients: int = MAX_TRACKED_CLIENTS):
         self._rate = math.log(2.0) / half_life_s
         self._max = max_clients
         self._at: dict[str, tuple[float, float]] = {}  # client -> (usage ms, at time s)
+        self._busy: dict[str, dict[int, float]] = {}  # client -> session seq_id -> last charged, s
 
     def value(self, client: str, now: float) -> float:
         """The client's decayed usage (ms) at `now`; 0 for a client never charged or forgotten."""
         v, t = self._at.get(client, (0.0, now))
         return v * math.exp(-self._rate * max(0.0, now - t))
 
-    def charge(self, client: str, ms: float, now: float) -> None:
-        """Add `ms` of compute to the client's usage at `now`."""
+    def busy_sessions(self, client: str, now: float) -> int:
+        """Sessions of the client charged within `BUSY_SESSION_S` before `now`."""
+        return sum(now - t < BUSY_SESSION_S for t in self._busy.get(client, {}).values())
+
+    def priority(self, client: str, now: float) -> float:
+        """What the client ranks by (ms; less goes first): its usage times its busy sessions (at
+        least 1, at most `SESSION_WEIGHT_MAX`), so a client asking for many sessions at once goes
+        after one asking for fewer."""
+        return self.value(client, now) * min(max(1, self.busy_sessions(client, now)), SESSION_WEIGHT_MAX)
+
+    def charge(self, client: str, ms: float, now: float, seq_id: int = -1) -> None:
+        """Add `ms` of compute to the client's usage at `now`, for its session `seq_id` (-1: work of
+        no session, such as a call)."""
         v = self.value(client, now) + ms
         self._at.pop(client, None)
         self._at[client] = (v, now)
+        busy = {s: t for s, t in self._busy.pop(client, {}).items() if now - t < BUSY_SESSION_S}
+        if seq_id >= 0:
+            busy[seq_id] = now
+        self._busy[client] = busy
         while len(self._at) > self._max:
-            del self._at[next(iter(self._at))]  # least recently charged: dicts keep insertion order
+            forgotten = next(iter(self._at))  # least recently charged: dicts keep insertion order
+            del self._at[forgotten]
+            self._busy.pop(forgotten, None)
 
     def snapshot(self, clients: set[str], now: float) -> dict[str, float]:
-        """Decayed usage of each of `clients` at `now`."""
-        return {c: self.value(c, now) for c in clients}
+        """Each of `clients`' `priority` at `now`: the usage the planner ranks by."""
+        return {c: self.priority(c, now) for c in clients}
 
 
 def _by_usage(indices: Sequence[int], pending: Sequence[Pending],
@@ -184,7 +218,8 @@ def plan_next(pending: Sequence[Pending], *, last_was_batch: bool, max_batch_row
         last_was_batch: the previous unit was a batch.
         max_batch_rows: most rows in one batch (>= 1).
         chunk_tokens: most rows of a multi-row step per chunk (>= 1).
-        usage: decayed compute ms per client (`ClientUsage.snapshot`); a client not listed has 0.
+        usage: what each client ranks by (`ClientUsage.snapshot`: decayed compute ms times busy
+            sessions); a client not listed has 0.
         batch_ms: expected ms of a batch of n rows, or None when not measured.
     Returns:
         The unit, or None when nothing waits.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from swarm.peer.step_plan import (
-    HEAVY_MARGIN_MS, ClientUsage, CostModel, Due, FairnessMeter, Pending, Unit, heavier, hold_ms, plan_next,
+    BUSY_SESSION_S, HEAVY_MARGIN_MS, SESSION_WEIGHT_MAX, ClientUsage, CostModel, Due, FairnessMeter, Pending, Unit,
+    heavier, hold_ms, plan_next,
 )
 
 
@@ -258,7 +259,7 @@ def simulate(queue: list[Pending], seconds: float) -> tuple[dict[str, int], dict
         ms = costly(unit.rows) if unit.kind == "batch" else 250.0
         now += ms / 1000.0
         for p in chosen:
-            usage.charge(p.client, ms / len(chosen), now)
+            usage.charge(p.client, ms / len(chosen), now, p.seq_id)
             served[p.client] = served.get(p.client, 0.0) + ms / len(chosen)
             steps[p.client] = steps.get(p.client, 0) + (unit.kind == "batch")
         last_was_batch = unit.kind == "batch"
@@ -279,4 +280,32 @@ def test_a_client_with_many_sessions_does_not_starve_one_with_a_single_session()
     solo, _ = simulate(list(modest), 60.0)
     shared, served = simulate(greedy + modest, 60.0)
     assert shared["modest"] > solo["modest"] / 3, (shared, solo)
-    assert served["greedy"] > (served["greedy"] + served["modest"]) / 3, served
+    # Ranked behind (its sessions multiply its usage, at most SESSION_WEIGHT_MAX), the greedy
+    # client still gets a fifth of the peer: work-conserving, never starved.
+    assert served["greedy"] > (served["greedy"] + served["modest"]) / 6, served
+
+
+def test_a_newcomer_next_to_a_client_keeping_4_sessions_busy_gets_most_of_the_peer():
+    # Issue 24: as equals in usage, the newcomer's steps rode in 4-row batches costing 2.8 of its
+    # solo steps; ranked by usage times busy sessions it decodes at about 4/5 of its solo rate.
+    greedy = [step_of("greedy", s) for s in range(4)]
+    modest = [step_of("modest", 50)]
+    solo, _ = simulate(list(modest), 30.0)
+    shared, served = simulate(greedy + modest, 30.0)
+    assert shared["modest"] > 0.6 * solo["modest"], (shared, solo)
+    assert served["greedy"] > 0.1 * (served["greedy"] + served["modest"]), served
+
+
+def test_a_client_ranks_by_its_usage_times_its_busy_sessions():
+    u = ClientUsage(half_life_s=1e9)
+    for seq in range(6):
+        u.charge("greedy", 100.0, now=0.0, seq_id=seq)
+    u.charge("modest", 1000.0, now=0.0, seq_id=0)
+    u.charge("modest", 1000.0, now=0.5, seq_id=0)
+    assert u.busy_sessions("greedy", 1.0) == 6 and u.busy_sessions("modest", 1.0) == 1
+    assert u.snapshot({"greedy", "modest"}, 1.0) == {"greedy": pytest.approx(600.0 * SESSION_WEIGHT_MAX),
+                                                      "modest": pytest.approx(2000.0)}
+    # Sessions not charged for BUSY_SESSION_S no longer count; calls (seq -1) never do.
+    u.charge("greedy", 0.0, now=BUSY_SESSION_S + 0.1, seq_id=-1)
+    assert u.busy_sessions("greedy", BUSY_SESSION_S + 0.1) == 0
+    assert u.priority("greedy", BUSY_SESSION_S + 0.1) == pytest.approx(600.0)
