@@ -1,7 +1,8 @@
 """Limits per client on a real peer: a modest client's speed next to a greedy one, and the peer's
 memory under concurrent huge frames.
 
-One `swarm serve` peer holds the whole model (default limits, 8 session slots, metrics on).
+One `swarm serve` peer holds the whole model (default limits, 8 session slots, metrics on), or with
+`--spans 3` three peers hold its thirds, as on a swarm, and the greedy client loads the middle one.
 
   fairness: a modest client's greedy generation (TTFT and decode tokens/s, from its Generation
             Telemetry) on the idle peer, then while a greedy client holds 32 streams on the peer
@@ -17,7 +18,8 @@ One `swarm serve` peer holds the whole model (default limits, 8 session slots, m
             and the answers (PROTOCOL: read and refused as a malformed frame; BUSY: refused unread
             at a client's byte budget).
 
-    python scripts/bench_limits.py [--model smollm2] [--tokens 32] [--load decode|prefill|both] [--greedy-s 10]
+    python scripts/bench_limits.py [--model smollm2] [--tokens 32] [--load decode|prefill|both] [--greedy-s 10] \
+        [--spans 1|3]
 """
 
 from __future__ import annotations
@@ -88,12 +90,15 @@ async def hammer(sessions, stop: threading.Event, n_embd: int, load: str, steps:
     await asyncio.gather(*(one(s) for s in sessions))
 
 
-def fairness(path: Path, peer, port: int, tmp: Path, tokens: int, load: str, greedy_s: float) -> dict:
-    idle = modest_run(path, peer.maddrs, tokens)
+def fairness(path: Path, peer, span: tuple[int, int], entry: list[str], port: int, tmp: Path, tokens: int,
+             load: str, greedy_s: float) -> dict:
+    """The modest client's generation (through `entry`, the first peer's addresses) idle, then while a
+    greedy client loads `peer`, which serves layers `span`."""
+    idle = modest_run(path, entry, tokens)
     greedy = RawClient(peer, build_manifest(path).model_id, fresh(tmp, f"greedy-{load}"))
     try:
         streams = [greedy.stream() for _ in range(32)]
-        answers = [answer(greedy, s, greedy.open_frame(max_tokens=512)) for s in streams]
+        answers = [answer(greedy, s, greedy.open_frame(max_tokens=512, span=span)) for s in streams]
         sessions = [s for s, a in zip(streams, answers) if isinstance(a, OpenOk)]
         reasons = Counter(a.message.split("(")[-1].rstrip(")") if isinstance(a, Error) else "open_ok"
                           for a in answers)
@@ -102,10 +107,13 @@ def fairness(path: Path, peer, port: int, tmp: Path, tokens: int, load: str, gre
             hammer(sessions, stop, build_manifest(path).n_embd, load, steps), greedy.loop.loop)
         t0 = time.monotonic()
         while len(steps) < 8 or time.monotonic() - t0 < greedy_s:
+            if fut.done():  # the load stopped by itself: say why instead of waiting forever
+                fut.result()
+                raise SystemExit(f"the greedy client's load stopped: its Opens were answered {dict(reasons)}")
             time.sleep(0.05)
         before, held_before = len(steps), scrape(port)["swarm_peer_scheduler_held_ms_total"]
         try:
-            loaded = modest_run(path, peer.maddrs, tokens)
+            loaded = modest_run(path, entry, tokens)
             during = len(steps) - before
             held_ms = scrape(port)["swarm_peer_scheduler_held_ms_total"] - held_before
         finally:
@@ -169,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--greedy-s", type=float, default=10.0,
                     help="seconds of greedy load before the modest client")
     ap.add_argument("--skip-frames", action="store_true")
+    ap.add_argument("--spans", type=int, default=1,
+                    help="peers the model is cut into (1: one peer holds it whole); the greedy client "
+                         "loads the middle one, which every route of the modest client goes through")
     args = ap.parse_args(argv)
     path = resolve_model(args.model, progress=True)
     out: dict = {"model": path.name, "tokens": args.tokens}
@@ -176,12 +187,21 @@ def main(argv: list[str] | None = None) -> int:
         ps = PeerSet(Path(tmp) / "peers")
         port = free_port()
         _, n_layers = read_span_layers(path)
-        peer = ps.start("p0", *serve_args(path, f"0:{n_layers}", "--new-swarm", "--max-sessions", "8",
-                                          "--metrics-port", str(port)))
+        cuts = [n_layers * i // args.spans for i in range(args.spans + 1)]
+        loaded_at = args.spans // 2  # the peer the greedy client loads: the middle one of a route
+        peers = []
+        for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+            join = ("--new-swarm",) if i == 0 else ("--initial-peers", peers[0].maddrs[0])
+            metrics = ("--metrics-port", str(port)) if i == loaded_at else ()
+            peers.append(ps.start(f"p{i}", *serve_args(path, f"{a}:{b}", *join, "--max-sessions", "8", *metrics)))
+        peer = peers[loaded_at]
+        out["spans"] = [f"{a}:{b}" for a, b in zip(cuts, cuts[1:])]
+        out["loaded_span"] = out["spans"][loaded_at]
         try:
             loads = ("decode", "prefill") if args.load == "both" else (args.load,)
-            out["fairness"] = [fairness(path, peer, port, Path(tmp), args.tokens, load, args.greedy_s)
-                               for load in loads]
+            span = (cuts[loaded_at], cuts[loaded_at + 1])
+            out["fairness"] = [fairness(path, peer, span, list(peers[0].maddrs), port, Path(tmp), args.tokens,
+                                        load, args.greedy_s) for load in loads]
             out["client_wait_units_max"] = scrape(port)["swarm_peer_client_wait_units_max"]
             if not args.skip_frames:
                 out["frames"] = frames(peer, port, Path(tmp))

@@ -2,7 +2,11 @@
 per verify pass and passes in flight, per task, at each round-trip time.
 
 Tasks (greedy; the text with speculation must equal the text without, and the script checks it):
-  copy:  a code file and the start of its copy: prompt-lookup drafts find most tokens in the prompt;
+  copy:  a code file and the start of its copy (a plain prompt): prompt-lookup drafts find most
+         tokens in the prompt where the model copies (Qwen does; SmolLM2-135M explains the code);
+  edit:  a chat request, in the model's chat template, to print a given code file again with a
+         comment added at its top: the answer copies the file (both models; asked to rename a class
+         instead, Qwen 0.5B rewrites more than it copies, SmolLM2 copies it unchanged);
   novel: free prose, where prompt lookup finds little and a draft model must guess.
 Drafts (`--drafts`): `lookup` (prompt lookup), `self` (the model requantized to Q3_K_M and run in the
 client process, swarm/client/draftmodel.py; `self:TYPE` for another type), or a draft GGUF's path;
@@ -45,9 +49,37 @@ from tests.helpers.oracle import PROMPT as CODE  # noqa: E402
 from tests.helpers.peers import PeerSet, serve_args  # noqa: E402
 
 CLIENT_S = 1800.0
+EDIT_FILE = (
+    "class Stack:\n"
+    '    """A last-in, first-out container backed by a Python list."""\n\n'
+    "    def __init__(self):\n"
+    "        self.items = []\n\n"
+    "    def push(self, item):\n"
+    '        """Put item on top of the stack."""\n'
+    "        self.items.append(item)\n\n"
+    "    def pop(self):\n"
+    '        """Remove and return the item on top; raise IndexError when empty."""\n'
+    "        if not self.items:\n"
+    '            raise IndexError("pop from an empty stack")\n'
+    "        return self.items.pop()\n\n"
+    "    def peek(self):\n"
+    '        """Return the item on top without removing it."""\n'
+    "        return self.items[-1]\n\n"
+    "    def __len__(self):\n"
+    "        return len(self.items)\n\n\n"
+    "def reverse(words):\n"
+    '    """Return the words in reverse order, using a Stack."""\n'
+    "    stack = Stack()\n"
+    "    for word in words:\n"
+    "        stack.push(word)\n"
+    "    return [stack.pop() for _ in range(len(stack))]\n"
+)
+"""A whole code file for the edit task (the parity prompt's code stops inside a class)."""
 TASKS = {
     "copy": (CODE + "        self.items = []\n\n# The same code, copied exactly:\n"
              + CODE.split("\n", 1)[0] + "\n"),
+    "edit": [{"role": "user", "content": "Here is a Python file. Print it again with a one-line comment "
+              "`# stack.py` added at the top.\n\n" + EDIT_FILE}],
     "novel": ("Write a short story about a lighthouse keeper who finds a message in a bottle.\n\n"
               "Once upon a time,"),
 }
@@ -83,8 +115,8 @@ def run_draft(model: str, initial_peers: list[str], draft: str, tasks: list[str]
             for _ in range(repeats):
                 for k, adaptive, pipeline in modes:
                     client.adaptive_speculation, client.pipeline_speculation = adaptive, pipeline
-                    by_mode[k, adaptive, pipeline].append(
-                        client.generate(prompt, max_new_tokens=n_decode + 1, speculate=k))
+                    ask = client.chat if isinstance(prompt, list) else client.generate
+                    by_mode[k, adaptive, pipeline].append(ask(prompt, max_new_tokens=n_decode + 1, speculate=k))
             for (k, adaptive, pipeline), runs in by_mode.items():
                 s = [r.telemetry.speculation for r in runs]
                 row = {

@@ -25,11 +25,11 @@ by this client could not reproduce.
 
 The first check (`CheckPolicy.first_check_step`) replays every checkable hop, one after another,
 so a peer lying on every step is caught early wherever it sits in the route; so does a sweep every
-`CheckPolicy.sweep_steps` decode steps after it where the policy asks for sweeps (off by default:
-their price is in swarm/route/verify.py), so a peer lying now and then is caught within that many
-steps of its first lie; each random check checks one hop, in turn. At most one
-check of a generation is in flight: a random check that falls due while one runs is skipped, a sweep
-waits for it, so checks never take more than one session slot per generation on each checker.
+`CheckPolicy.sweep_steps` decode steps after it (every 40 by default; their price is in
+docs/benchmarks.md), so a peer lying now and then is caught within that many steps of its first
+lie; each random check checks one hop, in turn. At most one check of a generation is in flight: a
+random check that falls due while one runs is skipped, a sweep waits for it, so checks never take
+more than one session slot per generation on each checker.
 
 A caught peer is excluded by this client for `CheckPolicy.caught_exclusion_s`, recorded in the
 client's `Standing` (route pricing), in the generation's telemetry (`checks`) and in the evidence
