@@ -64,6 +64,10 @@ class EngineSession(Protocol):
 class SpeculativeSession(EngineSession, Protocol):
     """An engine session that can verify a draft in one pass (the swarm's)."""
 
+    verify_rows: int
+    """Rows of one step that every hop of the session's route computes exactly as one-row decode
+    steps (its proven exact group, swarm/peer/exact_rows.py); 1 until the session is open."""
+
     def verify(self, token: int, draft: Sequence[int], group_rows: int | None,
                ahead: Callable[[], Sequence[int]] | None = None) -> list[StepResult]:
         """Append `token` and the drafted tokens, keep the drafted tokens up to the first one plain

@@ -311,7 +311,10 @@ class TokenStream:
             self.telemetry.speculation = self.telemetry.speculation or Acceptance()
         step = resumed or session.prefill(self._prompt)
         yield step
-        policy = KPolicy(spec.k) if spec is not None and spec.adaptive else None
+        policy = None
+        if spec is not None and spec.adaptive:
+            group = spec.group_rows or session.verify_rows
+            policy = KPolicy(spec.k, explore=min(spec.k, max(1, group - 1)))
         shadow: tuple[list[int], int] | None = None  # a shadow draft and where it starts in self.tokens
         ahead: list[int] = []  # the pass sent ahead: the guessed token after the draft, then its draft
         while True:

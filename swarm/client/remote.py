@@ -208,6 +208,12 @@ class RemoteSession:
         self._closed = False
         self.on_close = None
 
+    @property
+    def verify_rows(self) -> int:
+        """The route's proven exact row group (`RouteSession.verify_rows`): a verify pass of this
+        many rows costs each hop one step."""
+        return self.route.verify_rows
+
     def prefill(self, tokens) -> StepResult:
         """Open the route (offering the prompt's prefixes), then send the prompt from the restored
         length on, in chunks starting at multiples of the chunk size; return the token sampled after it.

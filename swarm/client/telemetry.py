@@ -94,7 +94,8 @@ class CheckEvent:
         peer_id: the checked peer (for "caught" from a disagreeing checker: that checker).
         start, end: global half-open layers checked.
         position: session position of the worst row (the step the measure comes from).
-        rows: rows compared (every step the hop computed up to the check).
+        rows: rows compared: those the hop computed since its previous check (all of them, from
+            position 0, at its first check or with a fresh checker).
         rel_l2: the worst row's ||claimed - recomputed|| / ||recomputed||.
         cosine: the worst row's cosine similarity.
         max_rel_l2, min_cosine: the band the check applied.

@@ -84,12 +84,17 @@ class KPolicy:
     Args:
         k_max: most drafted tokens per pass (the request's `k`), >= 1.
         probe_every: while off (k = 0), a shadow draft every this many steps (>= 1).
+        explore: drafted tokens of the exploring pass, 1..k_max (None: k_max).
     Until both a plain step and a verify pass were timed it explores: the first decode step is
-    plain, the next pass drafts k_max.
+    plain, the next pass drafts `explore` tokens. The generation passes one less than the route's
+    exact row group (swarm/spec/verify.py), so the exploring pass costs each hop one step of rows:
+    where guesses turn out poor, finding out costs about one plain step, not one per row group
+    (Qwen's repacked kernels: a 5-row pass is two steps of rows, about three plain steps at 0 ms).
     """
 
     k_max: int
     probe_every: int = 8
+    explore: int | None = None
     _fit: _Fit = field(default_factory=_Fit)
     _accepted: float = PRIOR_ACCEPTANCE * PRIOR_WEIGHT
     _rejected: float = (1.0 - PRIOR_ACCEPTANCE) * PRIOR_WEIGHT
@@ -99,6 +104,10 @@ class KPolicy:
     def __post_init__(self) -> None:
         if self.k_max < 1 or self.probe_every < 1:
             raise ValueError(f"need k_max >= 1 and probe_every >= 1, got {self.k_max}, {self.probe_every}")
+        if self.explore is None:
+            self.explore = self.k_max
+        if not 1 <= self.explore <= self.k_max:
+            raise ValueError(f"need 1 <= explore <= k_max, got explore {self.explore}, k_max {self.k_max}")
 
     @property
     def acceptance(self) -> float:
@@ -109,7 +118,7 @@ class KPolicy:
         """Drafted tokens for the next pass, 0..k_max (0: a plain decode step)."""
         line = self._fit.line()
         if line is None:
-            return 0 if self._fit.w == 0.0 else self.k_max
+            return 0 if self._fit.w == 0.0 else self.explore
         fixed, per_row = line
         a = min(self.acceptance, 1.0 - 1e-6)
         rate = [

@@ -109,6 +109,18 @@ def test_honest_peers_are_never_flagged_and_the_text_is_unchanged():
     assert t.failovers == [] and standing.penalties(0.0) == {}
 
 
+def test_each_check_of_a_hop_sends_only_the_rows_since_its_previous_check():
+    """The checker's session stays open for the generation: the checks of m1 together compare each
+    row it computed once, and still agree bit for bit (the checker's KV cache holds the rows before)."""
+    _, t, _, _ = generate(swarm_of(), EVERY_STEP)
+    assert len(t.checks) >= 3 and {c.verdict for c in t.checks} == {"ok"}
+    last = t.checks[-1]
+    # after decode step s m1 has computed len(PROMPT) + s rows (the prompt's last chunk, of one
+    # row, is step 0 to the schedule); a check replaying from position 0 each time sends ~10x more
+    assert sum(c.rows for c in t.checks) == len(PROMPT) + last.decode_step
+    assert all(c.rel_l2 == 0.0 for c in t.checks)
+
+
 def test_checks_of_hops_that_read_token_ids_replay_them_with_each_rows_id():
     # layers 0:20 read token ids: the checker of m1 (10:20) computes as m1 only with the same ids
     plain, _, _, _ = generate(swarm_of(id_layers=20), CheckPolicy(rate=0.0, first_check_step=-1),

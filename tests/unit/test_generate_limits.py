@@ -31,6 +31,8 @@ def test_refusals(n_prompt, max_new, limit, message):
 class _Session:
     """Decodes token t to t % 5 + 1; verifies a draft by accepting none of it (counted)."""
 
+    verify_rows = 1
+
     def __init__(self):
         self.verified = 0
 

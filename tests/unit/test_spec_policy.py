@@ -40,6 +40,22 @@ def test_explores_a_plain_step_then_a_full_draft_before_it_can_fit():
     assert p.choose() == 4
 
 
+def test_the_exploring_pass_drafts_one_exact_row_group():
+    # Qwen's route proves groups of 3 rows exact: exploring with 2 drafts costs each hop one step
+    p = KPolicy(k_max=4, explore=2)
+    assert p.choose() == 0
+    p.observe_pass(0, 0, 10.0)
+    assert p.choose() == 2
+    p.observe_pass(2, 0, 20.0)  # the guesses failed, and a row costs half a step: off
+    assert p.choose() == 0
+
+
+def test_explore_must_lie_within_one_and_k_max():
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match="explore"):
+            KPolicy(k_max=4, explore=bad)
+
+
 def test_round_trips_dominating_a_pass_draft_the_most():
     # a WAN: a pass is 150 ms of round trips, a drafted row 1 ms; acceptance 0.9
     p = _trained(150.0, 1.0, 4, 4)
