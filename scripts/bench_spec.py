@@ -16,7 +16,9 @@ decoding), each with one verify pass in flight and pipelined (`--pipeline off on
 flight, the next pass sent before the last one is back where it is likely to be used;
 `Speculation.pipeline`). The repeats go round plain and every mode in turn; figures are medians.
 `passes_in_flight` is the most passes in flight (1 or 2); `ahead_used` / `ahead_sent` count the
-passes sent ahead that were used.
+passes sent ahead that were used. `speedup` is the ratio of the medians; `speedup_paired` the median
+of each repeat's ratio to the plain run of the same repeat, which a drift of the machine's speed
+between repeats moves less.
 
 RTT modes: `--rtt 0` (the default) runs a loopback swarm on 127.0.0.1 (three `swarm serve` processes
 of the model's thirds, 1 thread each) and the client in this process. Any other RTT runs in the
@@ -139,6 +141,10 @@ def run_draft(model: str, initial_peers: list[str], draft: str, tasks: list[str]
                         "ahead_sent": statistics.median(x.ahead_sent for x in s),
                         "same_text_as_plain": all(r.text == plain_text for r in runs),
                     }
+                    plain = by_mode[0, False, False]  # the same repeat's plain run: a pair
+                    row["speedup_paired"] = round(statistics.median(
+                        r.telemetry.decode_tokens_per_s / b.telemetry.decode_tokens_per_s
+                        for r, b in zip(runs, plain)), 2)
                 else:
                     plain_text = runs[0].text
                 rows.append(row)

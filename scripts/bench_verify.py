@@ -23,11 +23,16 @@ Reported (one JSON object on stdout; progress on stderr):
       model.
   cost: median decode tokens/s without checks and with the default policy (generations
       alternating), and the relative cost; median TTFT of each, and with `verify_prefill` (off by
-      default: the prompt's rows are checked before the first token, waited for).
+      default: the prompt's rows are checked before the first token, waited for). With
+      `--cost-threads 1` (the default) the 2-thread peer of 10:20 is first replaced by a 1-thread
+      one, as every other peer: five peers and the client share this machine's cores, and a 2-thread
+      llama.cpp peer among them stalls whenever any other process runs (its threads wait on each
+      other), which charges the checks' replays, run on other peers, for an oversubscribed
+      machine; `--cost-threads mixed` measures in the honest part's layout.
   receipt: microseconds to compute one step's receipt of one decode row.
 
     python scripts/bench_verify.py [--tokens 48] [--liar-runs 5] [--liar-tokens 64] [--cost-runs 8] \
-        [--liar-span 20:30] [--sweep-steps 40]
+        [--liar-span 20:30] [--sweep-steps 40] [--cost-threads 1|mixed]
 """
 
 from __future__ import annotations
@@ -133,6 +138,17 @@ def wait_reachable(engine, peer_id: str, deadline_s: float = 60.0) -> None:
     raise SystemExit(f"peer {peer_id} is not reachable")
 
 
+def wait_gone(engine, peer_id: str, deadline_s: float = 90.0) -> None:
+    """Wait until the DHT no longer lists the peer (stopped: its record is withdrawn or expires)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        spans = engine._conn.loop.run(engine.directory.peers(frozenset(), True), 30)
+        if all(s.peer_id != peer_id for s in spans):
+            return
+        time.sleep(1.0)  # polling the DHT: nothing to wait on but the record's expiry
+    raise SystemExit(f"peer {peer_id} is still listed")
+
+
 def fresh_standing(engine) -> None:
     """Forget every exclusion and offence: each run starts as a new client would."""
     engine.exclusions = Exclusions(engine.policy.exclusion_s)
@@ -231,10 +247,12 @@ def cost(engine, tokenizer, args) -> dict:
     the cost is the median of the pairs' ratios, with a 90% bootstrap interval of that median. A
     2-core VM's speed drifts 10-30% within minutes, which swamps a few percent between two medians
     taken over minutes; within a pair both sides see the same machine. `replayed_rows_pct` is the
-    compute the checks ask of the swarm: rows replayed on checkers per row computed on the route.
+    compute the checks ask of the swarm: rows replayed on checkers per row computed on the route;
+    `checks` and `flagged` count the checked generations' checks and those not "ok" (honest peers:
+    false positives).
     """
     plain, checked, prefill, ratios = [], [], [], []
-    replayed = routed = 0
+    replayed = routed = n_checks = flagged = 0
     for i in range(args.cost_runs):
         policy = CheckPolicy(seed=i, sweep_steps=args.sweep_steps)
         pair = {}
@@ -246,6 +264,8 @@ def cost(engine, tokenizer, args) -> dict:
         ratios.append(pair["checked"].decode_tokens_per_s / pair["plain"].decode_tokens_per_s)
         t = pair["checked"]
         replayed += sum(c.rows for c in t.checks)
+        n_checks += len(t.checks)
+        flagged += sum(c.verdict != "ok" for c in t.checks)  # every peer here is honest
         routed += (t.prompt_tokens + t.generated_tokens) * len(t.route)
         fresh_standing(engine)
         prefill.append(generate(engine, tokenizer, dataclasses.replace(policy, verify_prefill=True), args.tokens).telemetry)
@@ -257,6 +277,7 @@ def cost(engine, tokenizer, args) -> dict:
             "pairs": len(ratios), "cost_pct": round(100.0 * (1.0 - statistics.median(ratios)), 1),
             "cost_pct_90ci": [round(100.0 * (1.0 - hi), 1), round(100.0 * (1.0 - lo), 1)],
             "replayed_rows_pct": round(100.0 * replayed / max(routed, 1), 1),
+            "checks": n_checks, "flagged": flagged,
             "default_rate": CheckPolicy().rate,
             "first_check_step": CheckPolicy().first_check_step, "sweep_steps": args.sweep_steps,
             "ttft_ms": {"plain": round(ttft[0], 1), "checked": round(ttft[1], 1),
@@ -274,6 +295,8 @@ def main() -> int:
     ap.add_argument("--sweep-steps", type=int, default=CheckPolicy().sweep_steps,
                     help="decode steps between sweeps of every hop (CheckPolicy.sweep_steps; 0: none)")
     ap.add_argument("--liar-span", default="10:20", help="the liars' layers: 10:20, or 20:30 (the last hop)")
+    ap.add_argument("--cost-threads", choices=("1", "mixed"), default="1",
+                    help="the cost part's peers: 1 thread each, or the honest part's 1- and 2-thread peers")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: kernel,honest,liars,cost")
     args = ap.parse_args()
     skip = set(args.skip.split(","))
@@ -303,7 +326,13 @@ def main() -> int:
                     out["honest"] = honest(engine, tokenizer, args.tokens, names)
                     print(json.dumps({"honest": out["honest"]}), file=sys.stderr, flush=True)
                 if "cost" not in skip:
-                    out["cost"] = cost(engine, tokenizer, args)
+                    if args.cost_threads == "1":
+                        h3 = ps.start("h3-threads1", *serve(path, "10:20", 1, *join))
+                        h2.stop()
+                        ps.started.remove(h2)
+                        wait_gone(engine, h2.peer_id)
+                        wait_reachable(engine, h3.peer_id)
+                    out["cost"] = {"threads": args.cost_threads, **cost(engine, tokenizer, args)}
                     print(json.dumps({"cost": out["cost"]}), file=sys.stderr, flush=True)
                 if "liars" not in skip:
                     out["liars"] = liars(ps, path, join, want, args)

@@ -106,8 +106,9 @@ class _Checker:
         chain: the checker peers, in layer order.
         links: their open check sessions (fewer while opening).
         group_rows: the last peer's exact row group (`OpenOk.verify_rows`).
-        sent: the hop's input blocks the chain holds, as the record had them (compared, by identity
-            first, with the next record: a rollback of the route changes them).
+        sent: the hop's input blocks the chain holds, the record's own arrays: a later record
+            must begin with the very same ones. A rollback, or a rebuild that replays the hop
+            (whose replayed answers were then never checked), puts other arrays there.
         rows: rows in `sent`.
         step: the next Forward step number.
     """
@@ -125,8 +126,7 @@ class _Checker:
 
     def holds_prefix_of(self, inputs: tuple[np.ndarray, ...]) -> bool:
         """Whether the blocks this chain holds begin `inputs` (a hop's recorded steps now)."""
-        return len(inputs) >= len(self.sent) and all(
-            a is b or (a.shape == b.shape and np.array_equal(a, b)) for a, b in zip(self.sent, inputs))
+        return len(inputs) >= len(self.sent) and all(a is b for a, b in zip(self.sent, inputs))
 
     async def close(self) -> None:
         """Close the check sessions (idempotent)."""

@@ -1,10 +1,11 @@
 """Checking remote computation: when to check a hop, how to compare, and what a caught peer costs.
 
 A client records every hop's input rows (for failover replay, swarm/route/replay.py), and a hop's
-output is the next hop's recorded input. A spot check sends one hop's recorded rows, up to the step
-being checked, into a fresh session on another peer (or chain of peers) of the same layers, as one
-prefill (or as the recorded steps, `CheckPolicy.regroup` off), and compares every row's output with
-what the checked peer returned (swarm/client/checks.py does the I/O). This module holds the pure
+output is the next hop's recorded input. A spot check sends one hop's recorded rows since its
+previous check, up to the step being checked, to a session on another peer (or chain of peers) of
+the same layers that holds the rows before them (kept from that earlier check; from position 0 the
+first time), as a prefill (or as the recorded steps, `CheckPolicy.regroup` off), and compares every
+row's output with what the checked peer returned (swarm/client/checks.py does the I/O). This module holds the pure
 parts:
 
 - `compare`: the measure between a claimed and a recomputed block of hidden states: per row, the
@@ -121,7 +122,7 @@ class Measure:
         row: index of the worst row (by rel_l2) in the compared block.
         first_outside: index of the first row outside the band `compare` was given (its rel L2
             over `max_rel_l2` or its cosine under `min_cosine`); -1: none, or no band given. A
-            check compares a hop's rows from position 0, so this is the first wrong position.
+            check adds the position of the block's first row, so this is the first wrong position.
     """
 
     rel_l2: float

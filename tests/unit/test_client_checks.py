@@ -20,6 +20,7 @@ from swarm.client.session import Rewound, RouteSession, SessionSpec
 from swarm.client.telemetry import GenerationTelemetry
 from swarm.route.failover import Exclusions, FailoverPolicy, FailureReason
 from swarm.route.verify import DEFAULT_BAND, CheckPolicy, Standing
+from swarm.wire import Open
 from swarm.sampling import SamplingParams
 
 N_LAYERS = 30
@@ -119,6 +120,28 @@ def test_each_check_of_a_hop_sends_only_the_rows_since_its_previous_check():
     # row, is step 0 to the schedule); a check replaying from position 0 each time sends ~10x more
     assert sum(c.rows for c in t.checks) == len(PROMPT) + last.decode_step
     assert all(c.rel_l2 == 0.0 for c in t.checks)
+
+
+def test_after_the_route_is_rebuilt_a_hop_is_checked_again_from_position_0():
+    """m1 is caught and the route rebuilt, replaying every hop: z's kept checker (z2) holds rows
+    that z's new session replayed, answers never checked, so z's next check starts over in a new
+    session on z2; every other check of z sends only the rows since the one before."""
+    z2 = SpanPeer("z2", 20, 30, N_LAYERS, rtt_ms=5.0)
+    opens = []
+    handle = z2.handle
+
+    def counting(session_id, frame):  # a spy on the simulated peer: which sessions z2 opened
+        if isinstance(frame, Open):
+            opens.append(session_id)
+        return handle(session_id, frame)
+
+    z2.handle = counting
+    plain, _, _, _ = generate(swarm_of(), CheckPolicy(rate=0.0, first_check_step=-1))
+    tokens, t, _, _ = generate([*swarm_of("lie", lie_after=6), z2], EVERY_STEP)
+    assert tokens == plain and [f.peer_id for f in t.failovers] == ["m1"]
+    of_z = [c for c in t.checks if c.peer_id == "z"]
+    assert len(of_z) >= 4 and {c.verdict for c in of_z} == {"ok"}
+    assert len(opens) == 2
 
 
 def test_checks_of_hops_that_read_token_ids_replay_them_with_each_rows_id():
