@@ -3,6 +3,7 @@
 
 #include "swarm_span.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,11 @@ struct swarm_span {
     llama_seq_id ** seq_ptr;
     int8_t        * logits;
     llama_seq_id    seq_slot;  // every token of a step belongs to this one sequence
+
+    // swarm_span_interrupt: set from any thread; read by interrupt_cb on the compute thread, which
+    // stops a decode only while swarm_span_execute runs (`interruptible`), never a batch or the head
+    atomic_int interrupt;
+    bool       interruptible;
 
     // capture target of the current llama_decode
     float  * cap_dst;
@@ -89,6 +95,13 @@ static void init_once(void) {
         llama_log_set(quiet_log, NULL);
     }
     llama_backend_init();
+}
+
+// llama.cpp's abort callback (ggml-cpu asks it after each graph node): a decode it stops returns 2
+// and llama.cpp drops the positions of that ubatch from the cache again (llama_context::decode).
+static bool interrupt_cb(void * ud) {
+    struct swarm_span * s = ud;
+    return s->interruptible && atomic_load_explicit(&s->interrupt, memory_order_relaxed) != 0;
 }
 
 // Scheduler eval callback: observe only the boundary tensor and copy its rows out.
@@ -249,6 +262,7 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
         swarm_span_close(s);
         return SWARM_ERR_CONTEXT;
     }
+    llama_set_abort_callback(s->ctx, interrupt_cb, s);
     if (p->mtp) {
         // the head's own context on the same model: same sizes and threads, one KV stream per
         // sequence over the MTP block only; it reads its h rows from the batch, so no callback
@@ -303,6 +317,12 @@ void swarm_span_close(struct swarm_span * s) {
     free(s);
 }
 
+void swarm_span_interrupt(struct swarm_span * s, int32_t on) {
+    if (s) {
+        atomic_store_explicit(&s->interrupt, on != 0, memory_order_relaxed);
+    }
+}
+
 int32_t swarm_span_n_embd(const struct swarm_span * s)  { return s ? s->n_embd : 0; }
 int32_t swarm_span_n_vocab(const struct swarm_span * s) { return s ? s->n_vocab : 0; }
 int32_t swarm_span_n_ctx(const struct swarm_span * s)   { return s ? (int32_t) llama_n_ctx(s->ctx) : 0; }
@@ -329,7 +349,7 @@ static void spread_pos(struct swarm_span * s, int32_t n) {
 }
 
 static int map_decode_rc(int rc) {
-    return rc == 1 ? SWARM_ERR_KV_FULL : SWARM_ERR_DECODE;
+    return rc == 1 ? SWARM_ERR_KV_FULL : rc == 2 ? SWARM_ERR_INTERRUPTED : SWARM_ERR_DECODE;
 }
 
 // Empties seq_id in the span's cache and, with a head, in the head's (and its pending h).
@@ -482,10 +502,12 @@ int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * st)
         memcpy(saved, s->mtp_pending + (size_t) st->seq_id * s->n_embd, sizeof(float) * (size_t) s->n_embd);
     }
     s->seq_slot = st->seq_id;
+    s->interruptible = true;
     for (int32_t off = 0; off < st->n_tokens && rc == SWARM_OK; off += s->n_batch) {
         int32_t n = st->n_tokens - off < s->n_batch ? st->n_tokens - off : s->n_batch;
         rc = decode_chunk(s, st, off, n, off + n == st->n_tokens);
     }
+    s->interruptible = false;
     if (rc != SWARM_OK) {
         undo_step(s, st->seq_id, st->pos0, saved);
     }
@@ -882,6 +904,7 @@ const char * swarm_status_str(int status) {
         case SWARM_ERR_STATE:     return "sequence state could not be read or written";
         case SWARM_ERR_TYPE:      return "ggml type has no dequantizer";
         case SWARM_ERR_NOT_EMPTY: return "sequence is not empty";
+        case SWARM_ERR_INTERRUPTED: return "interrupted (swarm_span_interrupt)";
         default:                  return "unknown status";
     }
 }

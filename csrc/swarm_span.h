@@ -16,7 +16,8 @@
 //
 // Thread safety: a handle must be used by one thread at a time (the caller serialises calls);
 // different handles may run concurrently on different threads. swarm_dequantize_rows and
-// swarm_status_str are thread-safe.
+// swarm_status_str are thread-safe, and swarm_span_interrupt may be called from any thread while
+// the handle is open.
 //
 // Logging: llama.cpp/ggml log output is dropped unless the environment variable SWARM_LLAMA_LOG
 // is set to a non-empty value when the first handle is opened.
@@ -44,6 +45,7 @@ extern "C" {
 #define SWARM_ERR_STATE     -10   // sequence state could not be read / written (bad bytes?)
 #define SWARM_ERR_TYPE      -11   // ggml type unknown or has no dequantizer
 #define SWARM_ERR_NOT_EMPTY -12   // state import into a sequence that already holds tokens
+#define SWARM_ERR_INTERRUPTED -13 // swarm_span_interrupt stopped the step; the sequence is left as before
 
 struct swarm_span;   // opaque handle: created by swarm_span_open, released by swarm_span_close
 
@@ -113,8 +115,17 @@ int32_t swarm_span_n_ctx_seq(const struct swarm_span * s); // KV cells of one se
 // where llama.cpp cannot drop the step's positions again (deepseek4's compressed cache after a step
 // that failed past its first n_batch chunk): never half-advanced.
 // Steps longer than n_batch are decoded in n_batch chunks. Errors: ARG, SEQ, POS, KV_FULL,
-// DECODE, CAPTURE, BUF.
+// DECODE, CAPTURE, BUF, INTERRUPTED.
 int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * step);
+
+// Ask swarm_span_execute to stop (on = 1) or let it run (on = 0). While on, a running or later
+// swarm_span_execute stops at its next graph node (ggml-cpu checks after each node) and returns
+// SWARM_ERR_INTERRUPTED with its sequence as before the call; the request stays until cleared, so a
+// caller that interrupts the step running now clears it before the next one. Only
+// swarm_span_execute is stopped: batches, the MTP head and every other call ignore it. A step that
+// is stopped computes nothing that a rerun would not compute again identically, on a cache whose
+// positions can be dropped (not deepseek4's compressed one, where the sequence ends empty).
+void swarm_span_interrupt(struct swarm_span * s, int32_t on);
 
 // Run one step for each of n_steps different sequences together, so the weights are read once per
 // ubatch for all of them. steps[k] is read as for swarm_span_execute and its out gets the same rows

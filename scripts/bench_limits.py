@@ -10,16 +10,17 @@ One `swarm serve` peer holds the whole model (default limits, 8 session slots, m
             its session limit) and keeps its 4 sessions busy: `--load decode` steps them one token
             at a time, `--load prefill` sends them 256-row prefills over and over; the modest
             client starts once the greedy one has kept its load up for `--greedy-s` seconds (a hog
-            that was there first). Prints the ratios loaded / idle (target: within 1.5x), the
-            greedy client's answers by reason, its steps while the modest client ran, and the
-            scheduler's holds (units held back for the modest client's due steps).
+            that was there first). Prints the ratios loaded / idle (target: within 1.5x; with
+            `--repeats`, the median of the pairs too), the greedy client's answers by reason, its
+            steps while the modest client ran, the scheduler's holds (units held back for the
+            modest client's due steps) and the greedy chunks stopped for it (and their lost ms).
   frames:   24 frames of 60 MiB sent at once from 6 clients (4 streams each): the peer's RSS before,
             at most during (sampled) and after, the most frame bytes it held in flight (its metric),
             and the answers (PROTOCOL: read and refused as a malformed frame; BUSY: refused unread
             at a client's byte budget).
 
     python scripts/bench_limits.py [--model smollm2] [--tokens 32] [--load decode|prefill|both] [--greedy-s 10] \
-        [--spans 1|3]
+        [--spans 1|3] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -91,11 +92,11 @@ async def hammer(sessions, stop: threading.Event, n_embd: int, load: str, steps:
 
 
 def fairness(path: Path, peer, span: tuple[int, int], entry: list[str], port: int, tmp: Path, tokens: int,
-             load: str, greedy_s: float) -> dict:
+             load: str, greedy_s: float, repeat: int = 0) -> dict:
     """The modest client's generation (through `entry`, the first peer's addresses) idle, then while a
     greedy client loads `peer`, which serves layers `span`."""
     idle = modest_run(path, entry, tokens)
-    greedy = RawClient(peer, build_manifest(path).model_id, fresh(tmp, f"greedy-{load}"))
+    greedy = RawClient(peer, build_manifest(path).model_id, fresh(tmp, f"greedy-{load}-{repeat}"))
     try:
         streams = [greedy.stream() for _ in range(32)]
         answers = [answer(greedy, s, greedy.open_frame(max_tokens=512, span=span)) for s in streams]
@@ -111,11 +112,15 @@ def fairness(path: Path, peer, span: tuple[int, int], entry: list[str], port: in
                 fut.result()
                 raise SystemExit(f"the greedy client's load stopped: its Opens were answered {dict(reasons)}")
             time.sleep(0.05)
-        before, held_before = len(steps), scrape(port)["swarm_peer_scheduler_held_ms_total"]
+        counters = ("swarm_peer_scheduler_held_ms_total", "swarm_peer_scheduler_preemptions_total",
+                    "swarm_peer_scheduler_preempted_ms_total")
+        before, m = len(steps), scrape(port)
+        at_start = [m[c] for c in counters]
         try:
             loaded = modest_run(path, entry, tokens)
             during = len(steps) - before
-            held_ms = scrape(port)["swarm_peer_scheduler_held_ms_total"] - held_before
+            m = scrape(port)
+            held_ms, stops, stopped_ms = (m[c] - a for c, a in zip(counters, at_start))
         finally:
             stop.set()
             fut.result(300)
@@ -128,6 +133,8 @@ def fairness(path: Path, peer, span: tuple[int, int], entry: list[str], port: in
         "greedy_answers": dict(reasons),
         "greedy_steps_during_modest": during,
         "held_ms_during_modest": round(held_ms, 1),
+        "greedy_chunks_stopped_during_modest": int(stops),
+        "stopped_chunks_ms": round(stopped_ms, 1),
         "idle": {k: v for k, v in idle.items() if k != "text"},
         "loaded": {k: v for k, v in loaded.items() if k != "text"},
         "ttft_ratio": round(loaded["ttft_ms"] / max(idle["ttft_ms"], 1e-9), 2),
@@ -177,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--greedy-s", type=float, default=10.0,
                     help="seconds of greedy load before the modest client")
     ap.add_argument("--skip-frames", action="store_true")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="idle/loaded pairs per load (this VM's speed drifts 10-30%% between minutes: "
+                         "read the median ratio)")
     ap.add_argument("--spans", type=int, default=1,
                     help="peers the model is cut into (1: one peer holds it whole); the greedy client "
                          "loads the middle one, which every route of the modest client goes through")
@@ -201,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
             loads = ("decode", "prefill") if args.load == "both" else (args.load,)
             span = (cuts[loaded_at], cuts[loaded_at + 1])
             out["fairness"] = [fairness(path, peer, span, list(peers[0].maddrs), port, Path(tmp), args.tokens,
-                                        load, args.greedy_s) for load in loads]
+                                        load, args.greedy_s, r) for load in loads for r in range(args.repeats)]
+            out["median_ratios"] = {
+                load: {k: float(np.median([f[k] for f in out["fairness"] if f["load"] == load]))
+                       for k in ("ttft_ratio", "tokens_per_s_ratio")} for load in loads}
             out["client_wait_units_max"] = scrape(port)["swarm_peer_client_wait_units_max"]
             if not args.skip_frames:
                 out["frames"] = frames(peer, port, Path(tmp))

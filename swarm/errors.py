@@ -25,6 +25,10 @@ class ExecutorError(SwarmError):
     """The layer-span executor refused or failed a step; the message names the cause."""
 
 
+class ExecutorInterrupted(ExecutorError):
+    """`SpanExecutor.interrupt` stopped a step before it ended; the sequence is as before the step."""
+
+
 class Busy(SwarmError):
     """A peer cannot admit a new session now (KV-cache budget or session slots exhausted)."""
 

@@ -27,6 +27,7 @@ SWARM_ERR_BUF = -9
 SWARM_ERR_STATE = -10
 SWARM_ERR_TYPE = -11
 SWARM_ERR_NOT_EMPTY = -12
+SWARM_ERR_INTERRUPTED = -13
 
 
 class SpanParams(ctypes.Structure):
@@ -100,6 +101,7 @@ def _declare(so: ctypes.CDLL) -> None:
         "swarm_span_n_ctx": (c_int32, [h]),
         "swarm_span_n_ctx_seq": (c_int32, [h]),
         "swarm_span_execute": (c_int32, [h, POINTER(SpanStep)]),
+        "swarm_span_interrupt": (None, [h, c_int32]),
         "swarm_span_execute_batch": (c_int32, [h, POINTER(SpanStep), c_int32]),
         "swarm_span_mtp_draft": (c_int32, [h, c_int32, c_int32, POINTER(c_float), c_size_t]),
         "swarm_span_truncate": (c_int32, [h, c_int32, c_int32]),

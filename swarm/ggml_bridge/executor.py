@@ -32,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from swarm.arch import arch_row
-from swarm.errors import ExecutorError
+from swarm.errors import ExecutorError, ExecutorInterrupted
 from swarm.ggml_bridge import _lib
 from swarm.ggml_bridge.slicing import build_span, read_span_layers, span_has_mtp, span_reads_token_ids
 
@@ -224,6 +224,7 @@ class SpanExecutor:
             non-last span: [n, n_embd] float32 hidden states after the span's last block;
             last span: [1, n_vocab] float32 logits of the last row, or [n, n_vocab] with all_logits.
         Raises:
+            ExecutorInterrupted: `interrupt` stopped the step (the sequence as after any error).
             ExecutorError: bad shape/dtype/values, unknown seq id, non-contiguous position, KV cache
                 full, llama.cpp failure. The sequence is unchanged after any error, or empty where
                 llama.cpp cannot drop the step's positions again (deepseek4's compressed cache, after
@@ -231,9 +232,24 @@ class SpanExecutor:
         """
         out, step, _x, _ids = self._prepare(BatchStep(seq_id, pos0, hidden, all_logits, token_ids))
         rc = self._so.swarm_span_execute(self._handle(), ctypes.byref(step))
+        if rc == _lib.SWARM_ERR_INTERRUPTED:
+            raise ExecutorInterrupted(f"sequence {seq_id}: forward of {step.n_tokens} tokens at {pos0} interrupted")
         if rc != _lib.SWARM_OK:
             raise self._step_error(rc, seq_id, pos0, step.n_tokens)
         return out
+
+    def interrupt(self, on: bool = True) -> None:
+        """Ask a `forward` running on another thread to stop (on=True), or let forwards run again.
+
+        While on, a running or later `forward` stops at its next graph node (ggml-cpu asks after
+        each) and raises ExecutorInterrupted with its sequence as before the call; the request stays
+        until `interrupt(False)`. `forward_batch` and every other call ignore it. Safe from any
+        thread; a no-op on a closed executor. A stopped step is exact to rerun only where the cache
+        rolls back (`ArchRow.rollback_exact`): elsewhere its sequence ends empty
+        (csrc/swarm_span.h, swarm_span_interrupt).
+        """
+        if self._h is not None:
+            self._so.swarm_span_interrupt(self._h, int(bool(on)))
 
     def forward_batch(self, steps: Sequence[BatchStep]) -> list[np.ndarray]:
         """Run one step of each of several sequences together.

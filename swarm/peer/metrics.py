@@ -192,6 +192,10 @@ class _SpanCollector:
              served.scheduler.holds),
             ("swarm_peer_scheduler_held_ms", "ms the executor stood idle in those holds",
              served.scheduler.held_ms),
+            ("swarm_peer_scheduler_preemptions", "Prefill chunks stopped for a lighter client's work",
+             served.scheduler.preemptions),
+            ("swarm_peer_scheduler_preempted_ms", "Compute ms those chunks had spent (done again)",
+             served.scheduler.preempted_ms),
         ):
             family = CounterMetricFamily(name, doc, labels=["span"])
             family.add_metric(span, value)

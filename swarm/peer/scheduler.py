@@ -13,7 +13,9 @@ Which unit runs next is planned in swarm/peer/step_plan.py: compute is shared ac
 remote peer a step is for), weighted by cost. The client with the least decayed compute goes first,
 decode steps of similar clients batch together, and a unit that only serves heavier clients is held
 back for a short, measured moment when a lighter client's next decode step is due, so a client that
-prefills without pause delays another's token by a few ms instead of a whole chunk. A lone session
+prefills without pause delays another's token by a few ms instead of a whole chunk. Work of a
+lighter client that arrives while such a chunk runs anyway (a newcomer's first message) stops it
+(`SpanExecutor.interrupt`), and the chunk runs again after that client's work. A lone session
 pays no batching delay.
 
 Where a unit runs follows its measured cost (`CostModel`): on the event loop thread when it is
@@ -49,9 +51,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from swarm.errors import ExecutorError
+from swarm.errors import ExecutorError, ExecutorInterrupted
 from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
-from swarm.peer.step_plan import ClientUsage, CostModel, Due, FairnessMeter, Pending, Unit, hold_ms, plan_next
+from swarm.peer.step_plan import (ClientUsage, CostModel, Due, FairnessMeter, Pending, Unit, hold_ms, plan_next,
+                                  preempts)
 
 INLINE_MAX_MS = 10.0
 """Units expected to compute in less than this many ms run on the event loop thread: the longest a
@@ -78,6 +81,18 @@ class StepOutput:
 
 
 @dataclass
+class _Running:
+    """The chunk running now, and who stopped it (None: nobody)."""
+
+    unit: Unit
+    job: "_Job"
+    ex: SpanExecutor
+    t0: float
+    expected_ms: float | None
+    by: str | None = None
+
+
+@dataclass
 class _Job:
     fut: asyncio.Future
     seq_id: int = -1
@@ -91,6 +106,7 @@ class _Job:
     outs: list[np.ndarray] = field(default_factory=list)
     compute_ms: float = 0.0
     client: str = ""
+    stopped: int = 0  # times its current chunk was stopped for lighter clients (step_plan.preempts)
 
     def view(self) -> Pending:
         if self.fn is not None:
@@ -108,7 +124,8 @@ class StepScheduler:
     """
 
     def __init__(self, executor: Callable[[], SpanExecutor], lock: asyncio.Lock, pool: ThreadPoolExecutor, *,
-                 chunk_tokens: int, max_batch_rows: int = 1, inline_max_ms: float = INLINE_MAX_MS):
+                 chunk_tokens: int, max_batch_rows: int = 1, inline_max_ms: float = INLINE_MAX_MS,
+                 preemptible: bool = False):
         self._executor, self._lock, self._pool = executor, lock, pool
         self.chunk_tokens = chunk_tokens
         self.max_batch_rows = max_batch_rows
@@ -124,6 +141,14 @@ class StepScheduler:
         """Units held back for a lighter client's due step (step_plan.hold_ms), since start."""
         self.held_ms = 0.0
         """ms the executor stood idle in those holds, since start."""
+        self.preemptible = preemptible
+        """Chunks may be stopped for lighter clients (step_plan.preempts): only where the span's
+        cache rolls a sequence back exactly (`ArchRow.rollback_exact`)."""
+        self.preemptions = 0
+        """Chunks stopped for a lighter client's work, since start."""
+        self.preempted_ms = 0.0
+        """Compute ms those chunks had spent when stopped (done again when they rerun)."""
+        self._running: _Running | None = None
         self._queue: deque[_Job] = deque()
         self._runner: asyncio.Task | None = None
         self._last_was_batch = False
@@ -322,6 +347,19 @@ class StepScheduler:
                 del self._gaps[next(iter(self._gaps))]
         if job.client in self._awaited:
             self._arrived.set()
+        self._maybe_preempt(job.client)
+
+    def _maybe_preempt(self, client: str) -> None:
+        """Stop the running chunk for `client`'s work when step_plan.preempts says so; the chunk's
+        unit then queues it again (`_run_unit`)."""
+        r = self._running
+        if r is None or r.by is not None or not self.preemptible:
+            return
+        left = None if r.expected_ms is None else r.expected_ms - (time.perf_counter() - r.t0) * 1000.0
+        usage = self.usage.snapshot({client, r.job.client}, time.monotonic())
+        if preempts(r.unit, {r.job.client}, client, usage, r.job.stopped, left):
+            r.by = client
+            r.ex.interrupt()
 
     def _charge(self, jobs: list[_Job], ms: float) -> None:
         """Charge a unit's compute to the clients it served (a batch's split over its rows)."""
@@ -358,8 +396,23 @@ class StepScheduler:
         else:
             work = partial(self._chunk, ex, jobs[0], unit.rows)
             key = CostModel.key("chunk", unit.rows)
-        result, ms, err = await self._execute(ex, key, work)
+            self._running = _Running(unit, jobs[0], ex, time.perf_counter(), self.cost.expected_ms(key))
+        try:
+            result, ms, err = await self._execute(ex, key, work)
+        finally:
+            running, self._running = self._running, None
+            if running is not None and running.by is not None:
+                ex.interrupt(False)  # before any other unit can start
         self.unit_ms[-1] = ms
+        if isinstance(err, ExecutorInterrupted) and running is not None and running.by is not None:
+            # Stopped for a lighter client: nothing of the chunk is left in the cache; it runs again
+            # first in its client's turn, and the client that stopped it pays for the lost compute.
+            jobs[0].stopped += 1
+            self.preemptions += 1
+            self.preempted_ms += ms
+            self.usage.charge(running.by, ms, time.monotonic())
+            self._queue.appendleft(jobs[0])
+            return
         self._charge(jobs, ms)
         if unit.kind == "call":
             _settle(jobs[0], result, err)
@@ -391,7 +444,8 @@ class StepScheduler:
             result, err, ms = timed()
         else:
             result, err, ms = await asyncio.get_running_loop().run_in_executor(self._pool, timed)
-        self.cost.observe(key, ms)
+        if not isinstance(err, ExecutorInterrupted):  # a stopped unit says nothing of its cost
+            self.cost.observe(key, ms)
         return result, ms, err
 
     @staticmethod
@@ -431,6 +485,7 @@ class StepScheduler:
         job.outs.append(out)
         job.done_rows += rows
         job.compute_ms += ms
+        job.stopped = 0
         if job.done_rows < job.hidden.shape[0]:
             self._queue.append(job)  # to the back: waiting decode steps and other prefills go first
             return

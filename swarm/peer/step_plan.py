@@ -31,8 +31,9 @@ pay for a heavy one's rows.
 
 **Holding a unit back (anticipation).** A client's next step (or call) arrives a short, measured gap
 after its last one was answered (its round trip; a few ms on loopback). A unit started in that gap
-cannot be interrupted: a 64-row chunk runs ~250 ms on one thread, so a light client would wait a
-whole chunk for every token. When the unit about to start serves only clients with more usage than a
+is in the way when the client comes back: a 64-row chunk runs ~250 ms on one thread, which the light
+client would wait for on every token, or which would be stopped and its compute thrown away (below).
+When the unit about to start serves only clients with more usage than a
 client that is due back before the unit would end, the scheduler waits for that client up to
 `ANTICIPATE_FACTOR` times its gap, never longer than the unit itself would take
 (the anticipatory disk scheduler's idea: Iyer and Druschel, SOSP 2001). At most one wait per
@@ -40,6 +41,20 @@ answer, so a peer idles at most that much per step of a lighter client, and only
 heavier ones; units that end before it is due still fill its gaps. Between decode steps of clients
 of similar usage, a hold merges what would run as two batches in turn (each client paying for
 both) into one. A lone session pays no batching delay: work is held only for another client.
+
+**Stopping a chunk (preemption).** A hold covers only a gap that was measured; a light client that
+arrives while a heavier client's chunk runs (its first message, or after a pause of its own) would
+still wait for the whole chunk, some 250-600 ms on one thread, more than its own prompt may cost
+(issue 24: a newcomer's TTFT 2.6x its idle figure next to a client prefilling without pause). So
+when work of a client arrives while a chunk runs that serves only clients `heavier` than it, the
+chunk is stopped (`SpanExecutor.interrupt`: llama.cpp drops the chunk's positions again, and the
+chunk reruns later on the same rows and cells, so its results do not change) and queued again at
+the front (`preempts`). The compute the stopped chunk had spent is charged to the client that
+stopped it, so stopping is not free: a client that keeps doing it soon ranks heavier itself. One
+chunk is stopped at most `PREEMPT_MAX` times, so a heavy client's prefill always progresses (at
+worst a chunk costs `PREEMPT_MAX + 1` times its compute, charged to clients with far less usage,
+which soon are not), and never when it is expected to end within `PREEMPT_MIN_LEFT_MS`. Only where a sequence rolls back
+exactly (`ArchRow.rollback_exact`); decode batches are never stopped (they are short).
 
 Nothing here reads a clock or a queue: the scheduler passes the time, the usage and the gaps in.
 """
@@ -72,6 +87,13 @@ BATCH_SLACK = 0.25
 """A heavier client's row joins a batch only if the batch then costs at most this much more."""
 ANTICIPATE_FACTOR = 2.0
 """A held unit waits at most this many times the due client's measured gap."""
+PREEMPT_MAX = 4
+"""Times one chunk may be stopped for lighter clients. A newcomer's first messages (its Open, the
+calls after it, its first step) come a round trip apart with no measured gap to hold for, and the
+stopped chunk may rerun between any two of them, so one stop each; a fixed cap bounds the rerun
+work whatever the timing (stops right after a rerun starts cost the chunk almost nothing)."""
+PREEMPT_MIN_LEFT_MS = 20.0
+"""A chunk expected to end within this many ms is left to finish."""
 
 
 @dataclass(frozen=True)
@@ -274,6 +296,30 @@ def hold_ms(unit: Unit, unit_clients: set[str], unit_cost_ms: float | None, due:
         if all(usage.get(c, 0.0) > u for c in unit_clients):
             wait = max(wait, ANTICIPATE_FACTOR * d.gap_ms - d.elapsed_ms)
     return min(max(wait, 0.0), unit_cost_ms)
+
+
+def preempts(unit: Unit, unit_clients: set[str], client: str, usage: Mapping[str, float], stopped: int,
+             left_ms: float | None) -> bool:
+    """Whether work of `client` arriving now stops the running `unit` (module docstring, "Stopping a
+    chunk").
+
+    Args:
+        unit: the unit running now; only a "chunk" is ever stopped.
+        unit_clients: the clients it serves.
+        client: whose work arrived ("": the peer's own work, which never stops anything).
+        usage: what clients rank by (`ClientUsage.snapshot`).
+        stopped: times this chunk's step was stopped before.
+        left_ms: the chunk's expected ms still to run (its measured cost minus its elapsed ms), or
+            None when its cost is not measured yet.
+    Returns:
+        True: stop it and run `client`'s work first.
+    """
+    if unit.kind != "chunk" or not client or client in unit_clients or stopped >= PREEMPT_MAX:
+        return False
+    if left_ms is not None and left_ms < PREEMPT_MIN_LEFT_MS:
+        return False
+    mine = usage.get(client, 0.0)
+    return all(heavier(usage.get(c, 0.0), mine) for c in unit_clients)
 
 
 class FairnessMeter:

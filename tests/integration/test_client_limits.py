@@ -123,10 +123,13 @@ def test_a_client_holding_32_streams_cannot_starve_another_clients_generation(li
     load = asyncio.run_coroutine_threadsafe(_hammer(sessions, stop, n_embd, hammered), greedy.loop.loop)
     try:
         wait_for(lambda: len(hammered), "the greedy client's prefills running", until=lambda n: n >= 4)
-        holds = scrape(port)["swarm_peer_scheduler_holds_total"]
+        m = scrape(port)
+        holds, stopped = m["swarm_peer_scheduler_holds_total"], m["swarm_peer_scheduler_preemptions_total"]
         with Client(str(smollm2_path), initial_peers=peer.maddrs) as modest:
             text = modest.generate(PROMPT, max_new_tokens=16).text
-        holds = scrape(port)["swarm_peer_scheduler_holds_total"] - holds
+        m = scrape(port)
+        holds = m["swarm_peer_scheduler_holds_total"] - holds
+        stopped = m["swarm_peer_scheduler_preemptions_total"] - stopped
     finally:
         stop.set()
         load.result(120)
@@ -136,6 +139,9 @@ def test_a_client_holding_32_streams_cannot_starve_another_clients_generation(li
     # Cost-weighted shares: the modest client, having used less, goes first, and the greedy
     # client's prefill chunks wait for its next steps instead of running in its round trips.
     assert holds > 0
+    # Its first messages, and any that come after a gap not yet measured, stop the greedy chunk
+    # running then (the greedy client's prefills go on: every one of its replies above is a Token).
+    assert stopped > 0
 
 
 

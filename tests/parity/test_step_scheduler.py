@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 
 from swarm.ggml_bridge.embed import TokenEmbedder
-from swarm.errors import ExecutorError
+from swarm.errors import ExecutorError, ExecutorInterrupted
 from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
 from swarm.models import resolve_model
 from swarm.peer.exact_rows import exact_batch_cap
 from swarm.peer.scheduler import StepScheduler
+from swarm.peer.step_plan import ClientUsage
 from tests.helpers.chains import open_chain
 from tests.helpers.oracle import N_THREADS
 from tests.helpers.synthetic import write_synthetic
@@ -276,6 +277,70 @@ def test_a_heavy_clients_prefill_is_held_for_a_light_clients_due_decode_steps(sm
     during = sum(modest[2] < c < modest[-1] for c in chunks)
     assert during <= 1, units
     assert sch.holds >= 12 - 3 - 1
+
+def test_an_interrupted_step_leaves_its_sequence_as_it_was_and_reruns_bit_for_bit(smol, span_cache):
+    """SpanExecutor.interrupt: a forward asked to stop raises, its sequence keeps what it held (the
+    stopped rows' positions dropped by llama.cpp), the rerun equals an uninterrupted run, and only
+    forward stops: a batch runs through a pending request."""
+    embedder = TokenEmbedder(smol)
+    ex = SpanExecutor.for_span(smol, 0, 15, n_ctx_tokens=512, n_seq_max=2, n_threads=N_THREADS,
+                               cache_dir=span_cache, n_batch=BLOCK)
+    rows = embedder.embed(list(np.random.default_rng(2).integers(100, 40_000, size=2 * BLOCK)))
+    try:
+        ref = ex.forward(0, 0, rows)
+        ex.forward(1, 0, rows[:BLOCK])
+        ex.interrupt()
+        with pytest.raises(ExecutorInterrupted, match="interrupted"):
+            ex.forward(1, BLOCK, rows[BLOCK:])
+        assert ex.pos_max(1) == BLOCK - 1
+        x = embedder.embed([42])
+        (batch_out,) = ex.forward_batch([BatchStep(0, 2 * BLOCK, x)])  # not stopped by the request
+        ex.interrupt(False)
+        assert np.array_equal(ex.forward(1, BLOCK, rows[BLOCK:]), ref[BLOCK:])
+        assert np.array_equal(ex.forward(1, 2 * BLOCK, x), batch_out)  # the cells after it agree too
+    finally:
+        ex.close()
+
+
+def test_a_light_clients_arrival_stops_a_heavy_chunk_which_then_reruns_exactly(smol, prompts, span_cache):
+    """Issue 24: a newcomer's first step must not wait for the whole chunk of a client that prefills
+    without pause. It arrives while the greedy client's first chunk runs on the executor thread: the
+    chunk is stopped, the newcomer's prompt runs, then the greedy prefill goes on from that chunk, and
+    both outputs equal their solo runs bit for bit. The stopped compute is charged to the newcomer."""
+    embedder = TokenEmbedder(smol)
+    ex = SpanExecutor.for_span(smol, 0, 30, n_ctx_tokens=1024, n_seq_max=2, n_threads=N_THREADS,
+                               cache_dir=span_cache, n_batch=BLOCK)
+    long_rows = embedder.embed(list(np.random.default_rng(3).integers(100, 40_000, size=4 * BLOCK)))
+    prompt = embedder.embed(prompts[0])
+    try:
+        long_solo = ex.forward(0, 0, long_rows, all_logits=True)
+        light_solo = ex.forward(1, 0, prompt)
+        ex.clear(0)
+        ex.clear(1)
+        with ThreadPoolExecutor(1) as pool:
+            sch = StepScheduler(lambda: ex, asyncio.Lock(), pool, chunk_tokens=BLOCK, preemptible=True)
+            sch.usage = ClientUsage(half_life_s=1e9)  # no decay: the charges add up exactly
+
+            async def main():
+                sch.usage.charge("greedy", 5000.0, time.monotonic())  # it has kept the peer busy for seconds
+                prefill = asyncio.ensure_future(sch.step(0, 0, long_rows, all_logits=True, client="greedy"))
+                while not sch.units:  # until its first chunk is on the executor thread
+                    await asyncio.sleep(0)
+                light = await sch.step(1, 0, prompt, client="newcomer")
+                return (await prefill).out, light.out, light.compute_ms
+
+            long_out, light_out, light_ms = asyncio.run(main())
+    finally:
+        ex.close()
+    assert sch.preemptions == 1 and sch.preempted_ms > 0.0
+    # the stopped chunk, the newcomer's prompt, then all four greedy chunks
+    assert sch.units == [("chunk", (0,), BLOCK), ("chunk", (1,), len(prompts[0]))] + [("chunk", (0,), BLOCK)] * 4
+    assert np.array_equal(long_out, long_solo)
+    assert np.array_equal(light_out, light_solo)
+    now = time.monotonic()
+    assert sch.usage.value("newcomer", now) == pytest.approx(light_ms + sch.preempted_ms)
+    assert sch.usage.value("greedy", now) == pytest.approx(5000.0 + sum(sch.unit_ms[2:]))
+
 
 def test_a_refused_batch_leaves_every_sequence_as_it_was(smol, span_cache):
     embedder = TokenEmbedder(smol)
