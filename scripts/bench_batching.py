@@ -15,7 +15,7 @@ Two measurements, each side by side in one run, printed as one JSON object:
            ran whole before the scheduler).
 
     python scripts/bench_batching.py [--model qwen2.5-coder-0.5b] [--sessions 8] [--decode 32]
-                                     [--prefill-tokens 4000] [--skip-peer]
+                                     [--prefill-tokens 4000] [--skip-peer] [--skip-prefill] [--threads 1]
 """
 
 from __future__ import annotations
@@ -61,9 +61,11 @@ def loadavg() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
-def open_whole(path: Path, n_seq: int, n_ctx: int) -> SpanExecutor:
+def open_whole(path: Path, n_seq: int, n_ctx: int, threads: int = 1) -> SpanExecutor:
+    """The whole model as one span; `threads` run its multi-row ubatches (prefill chunks, batches of
+    decode steps), while a lone decode step runs on 1 thread (the numeric contract)."""
     _, n_layers = read_span_layers(path)
-    return SpanExecutor.for_span(path, 0, n_layers, n_ctx_tokens=n_ctx, n_seq_max=n_seq, n_threads=1,
+    return SpanExecutor.for_span(path, 0, n_layers, n_ctx_tokens=n_ctx, n_seq_max=n_seq, n_threads=threads,
                                  n_batch=BLOCK)
 
 
@@ -79,11 +81,11 @@ async def _session(sch: StepScheduler, emb: TokenEmbedder, seq: int, ids: list[i
     return toks
 
 
-def bench_scheduler(path: Path, prompts: list[list[int]], n_decode: int) -> dict:
+def bench_scheduler(path: Path, prompts: list[list[int]], n_decode: int, threads: int = 1) -> dict:
     """Aggregate decode tokens/s of len(prompts) concurrent sessions per batch cap, vs one alone."""
     emb, n = TokenEmbedder(path), len(prompts)
-    ex = open_whole(path, n, 4096)
-    out: dict = {"sessions": n, "decode_steps": n_decode, "loadavg_start": loadavg()}
+    ex = open_whole(path, n, 4096, threads)
+    out: dict = {"sessions": n, "decode_steps": n_decode, "threads": threads, "loadavg_start": loadavg()}
     try:
         exact = exact_batch_cap(ex)
         out["probed_exact_cap"] = exact
@@ -124,13 +126,14 @@ def bench_scheduler(path: Path, prompts: list[list[int]], n_decode: int) -> dict
     return out
 
 
-def bench_peer(path: Path, n: int, n_decode: int, root: Path) -> dict:
-    """One `swarm serve` peer with the whole model; 1 session, then n concurrent sessions."""
+def bench_peer(path: Path, n: int, n_decode: int, root: Path, threads: int = 1) -> dict:
+    """One `swarm serve` peer with the whole model (`--threads threads`); 1 session, then n
+    concurrent sessions."""
     ps = PeerSet(root)
-    out: dict = {"loadavg_start": loadavg()}
+    out: dict = {"threads": threads, "loadavg_start": loadavg()}
     try:
         _, n_layers = read_span_layers(path)
-        peer = ps.start("p0", "serve", "--model", str(path), "--layers", f"0:{n_layers}", "--threads", "1",
+        peer = ps.start("p0", "serve", "--model", str(path), "--layers", f"0:{n_layers}", "--threads", str(threads),
                         "--cache-tokens", "4096", "--max-sessions", str(n), "--client-sessions", str(n),
                         "--new-swarm")
         with Client(str(path), initial_peers=peer.maddrs) as client:
@@ -227,6 +230,10 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--prefill-tokens", type=int, default=4000)
     ap.add_argument("--skip-peer", action="store_true", help="only the in-process measurements")
+    ap.add_argument("--skip-prefill", action="store_true", help="only the batching measurements")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="threads of the span's multi-row ubatches (batches, prefill); a lone decode step "
+                         "runs on 1 thread whatever this is (the numeric contract)")
     args = ap.parse_args()
     path = resolve_model(args.model)
     from swarm.client.tokenizer import Tokenizer  # noqa: PLC0415 - only for the prompts
@@ -234,11 +241,12 @@ def main() -> None:
     tok = Tokenizer.from_gguf(path)
     prompts = [tok.encode(p) for p in PROMPTS[: args.sessions]]
     out = {"model": args.model, **machine()}
-    out["scheduler"] = bench_scheduler(path, prompts, args.decode)
-    out["prefill"] = bench_prefill(path, args.prefill_tokens, args.decode)
+    out["scheduler"] = bench_scheduler(path, prompts, args.decode, args.threads)
+    if not args.skip_prefill:
+        out["prefill"] = bench_prefill(path, args.prefill_tokens, args.decode)
     if not args.skip_peer:
         with tempfile.TemporaryDirectory(prefix="bench-batching-") as tmp:
-            out["peer"] = bench_peer(path, args.sessions, args.decode, Path(tmp))
+            out["peer"] = bench_peer(path, args.sessions, args.decode, Path(tmp), args.threads)
     print(json.dumps(out, indent=1))
 
 

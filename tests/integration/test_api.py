@@ -35,6 +35,9 @@ PROMPT = "The three most important inventions of the twentieth century are"
 QUESTION = [{"role": "user", "content": "Name three planets of the solar system."}]
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
 MAX_SESSIONS = 8
+SESSION_TOKENS = 512
+"""What each peer takes per session (its cache, --cache-tokens, split over MAX_SESSIONS): small, so
+the tests that fill a session prefill 512 tokens, not 4,096."""
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 
@@ -120,7 +123,8 @@ def api(smollm2_path, tmp_path_factory):
     ports = [free_port() for _ in range(3)]
     api_proc = None
     try:
-        common = ("--announce-period", "3", "--max-sessions", str(MAX_SESSIONS))
+        common = ("--announce-period", "3", "--max-sessions", str(MAX_SESSIONS),
+                  "--cache-tokens", str(SESSION_TOKENS * MAX_SESSIONS))
         first = ps.start(
             "p0", *serve_args(smollm2_path, "0:10", "--new-swarm", *common, "--metrics-port", str(ports[0]))
         )
@@ -301,11 +305,11 @@ def test_bad_requests_get_openai_errors(api):
     assert e.status_code == 400 and e.body["code"] == "context_length_exceeded"
     e = _status_code(chat(stream=True, max_tokens=MAX_CONTEXT_TOKENS))
     assert e.status_code == 400 and e.body["code"] == "context_length_exceeded"
-    # within the model's context, but longer than any peer takes per session (32,768 / 8 sessions):
+    # within the model's context, but longer than any peer takes per session (4,096 / 8 sessions):
     # a 400 saying so, not a 503 asking to retry what can never route
-    e = _status_code(chat(max_tokens=5000))
+    e = _status_code(chat(max_tokens=1000))
     assert e.status_code == 400 and e.body["code"] == "context_length_exceeded"
-    assert "take at most 4096 per session" in e.body["message"]
+    assert f"take at most {SESSION_TOKENS} per session" in e.body["message"]
     over_cap = " hello" * (MAX_CONTEXT_TOKENS + 10)
     e = _status_code(lambda: client.completions.create(model=name, prompt=over_cap, max_tokens=1))
     assert e.status_code == 413 and e.body["code"] == "context_length_exceeded"
@@ -324,30 +328,30 @@ def test_bad_requests_get_openai_errors(api):
 
 
 def test_a_missing_max_tokens_fills_what_the_route_holds_per_session(api):
-    # The peers take 32,768 / 8 = 4,096 tokens per session on SmolLM2's 8,192-token context: a prompt
-    # of 4,088 tokens leaves 8, which is the default, not "512 or what the context leaves" (a 400).
+    # The peers take 4,096 / 8 = 512 tokens per session on SmolLM2's 8,192-token context: a prompt of
+    # 504 tokens leaves 8, which is the default, not "512 or what the context leaves" (a 400).
     client, name = api.client(), api.model_path.name
     tokenizer = Tokenizer.from_gguf(api.model_path)
-    k = 4088
-    while len(tokenizer.encode(" hello" * k)) > 4088:
+    k = SESSION_TOKENS - 8
+    while len(tokenizer.encode(" hello" * k)) > SESSION_TOKENS - 8:
         k -= 1
     prompt = " hello" * k
     n = len(tokenizer.encode(prompt))
-    assert 4080 <= n <= 4088
+    assert SESSION_TOKENS - 16 <= n <= SESSION_TOKENS - 8
     default = client.completions.create(model=name, prompt=prompt, temperature=0)
     assert default.usage.prompt_tokens == n
-    # it generated until the session was full, as max_tokens=4096 - n would
-    assert default.choices[0].finish_reason == "length" and default.usage.completion_tokens == 4096 - n
+    # it generated until the session was full, as max_tokens=512 - n would
+    assert default.choices[0].finish_reason == "length" and default.usage.completion_tokens == SESSION_TOKENS - n
     # a prompt that fills the session leaves no token: a 400 naming the prompt and the per-session cap
-    e = _status_code(lambda: client.completions.create(model=name, prompt=" hello" * 4200, temperature=0))
+    e = _status_code(lambda: client.completions.create(model=name, prompt=" hello" * 600, temperature=0))
     assert e.status_code == 400 and e.body["code"] == "context_length_exceeded"
-    assert e.body["param"] == "prompt" and "take at most 4096 tokens per session" in e.body["message"]
+    assert e.body["param"] == "prompt" and f"take at most {SESSION_TOKENS} tokens per session" in e.body["message"]
 
 
 def test_disconnect_mid_stream_closes_the_sessions_on_every_peer(api):
     before = api.api_metrics()
     stream = api.client().completions.create(
-        model=api.model_path.name, prompt=COUNTING, max_tokens=3000, temperature=0, stream=True
+        model=api.model_path.name, prompt=COUNTING, max_tokens=400, temperature=0, stream=True
     )
     chunks = iter(stream)
     for _ in range(5):
