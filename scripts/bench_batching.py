@@ -1,7 +1,9 @@
 """Batching decode steps across sessions, and fair prefill, on one span holding a whole model.
 
-Two measurements, each side by side in one run, printed as one JSON object:
+Three measurements, each side by side in one run, printed as one JSON object:
 
+  rows:    ms of one llama_decode of 1, 2, 4 and 8 decode rows (one per sequence): the most batching
+           can buy on this CPU;
   batch:   N concurrent greedy sessions vs one session alone.
            (a) the span's StepScheduler in this process (no network), batch caps 1 (no batching),
                the probed exact cap, and N (inexact where the probe says so): aggregate decode
@@ -34,7 +36,7 @@ import numpy as np
 
 from swarm import Client
 from swarm.ggml_bridge.embed import TokenEmbedder
-from swarm.ggml_bridge.executor import SpanExecutor
+from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
 from swarm.ggml_bridge.slicing import read_span_layers
 from swarm.models import resolve_model
 from swarm.peer.exact_rows import exact_batch_cap
@@ -124,6 +126,35 @@ def bench_scheduler(path: Path, prompts: list[list[int]], n_decode: int, threads
         ex.close()
     out["loadavg_end"] = loadavg()
     return out
+
+
+def bench_rows(path: Path, threads: int, repeats: int = 20) -> dict:
+    """ms of one llama_decode of n decode rows, one per sequence (each sequence holding 32 positions),
+    median of `repeats`, for n = 1, 2, 4, 8; and the rows/s of each as a multiple of one row's. What
+    batching can buy at most on this CPU: where a batch of n rows costs n single rows, nothing."""
+    emb = TokenEmbedder(path)
+    ex = open_whole(path, 8, 8 * 512, threads)
+    try:
+        prompt = emb.embed(list(range(100, 132)))
+        for seq in range(8):
+            ex.forward(seq, 0, prompt)
+        x, ms = emb.embed([42]), {}
+        for n in (1, 2, 4, 8):
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                if n == 1:
+                    ex.forward(0, 32, x)
+                else:
+                    ex.forward_batch([BatchStep(seq, 32, x) for seq in range(n)])
+                times.append((time.perf_counter() - t0) * 1000)
+                for seq in range(n):
+                    ex.truncate(seq, 32)
+            ms[n] = float(np.median(times))
+    finally:
+        ex.close()
+    return {"threads": threads, "batch_ms": {n: round(v, 2) for n, v in ms.items()},
+            "rows_per_s_x_one_row": {n: round(n * ms[1] / v, 2) for n, v in ms.items()}}
 
 
 def bench_peer(path: Path, n: int, n_decode: int, root: Path, threads: int = 1) -> dict:
@@ -241,6 +272,7 @@ def main() -> None:
     tok = Tokenizer.from_gguf(path)
     prompts = [tok.encode(p) for p in PROMPTS[: args.sessions]]
     out = {"model": args.model, **machine()}
+    out["rows"] = bench_rows(path, args.threads)
     out["scheduler"] = bench_scheduler(path, prompts, args.decode, args.threads)
     if not args.skip_prefill:
         out["prefill"] = bench_prefill(path, args.prefill_tokens, args.decode)

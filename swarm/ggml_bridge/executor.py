@@ -60,6 +60,9 @@ class ExecutorConfig:
         mtp: last span only: also run the file's multi-token-prediction head (one MTP block, kept in
             the final span's file by slicing); steps must then carry token ids, and capture_name /
             capture_layer name the last block's residual, which the head reads.
+        interruptible: `interrupt` may stop a step: the span's cache drops a stopped step's positions
+            exactly (`ArchRow.rollback_exact`). False (the default, and for hybrid and compressed
+            caches): `interrupt` does nothing.
     """
 
     n_ctx_tokens: int
@@ -73,6 +76,7 @@ class ExecutorConfig:
     flash_attn: bool = True
     require_token_ids: bool = False
     mtp: bool = False
+    interruptible: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,7 @@ class SpanExecutor:
                                 capture_layer=end - start - 1, n_batch=n_batch,
                                 n_ubatch=n_batch, flash_attn=flash_attn,
                                 require_token_ids=span_reads_token_ids(span),
-                                mtp=is_last and span_has_mtp(span))
+                                mtp=is_last and span_has_mtp(span), interruptible=row.rollback_exact)
         return cls(span, config)
 
     @property
@@ -238,17 +242,22 @@ class SpanExecutor:
             raise self._step_error(rc, seq_id, pos0, step.n_tokens)
         return out
 
+    @property
+    def interruptible(self) -> bool:
+        """`interrupt` can stop a step (`ExecutorConfig.interruptible`)."""
+        return self._config.interruptible
+
     def interrupt(self, on: bool = True) -> None:
         """Ask a `forward` running on another thread to stop (on=True), or let forwards run again.
 
         While on, a running or later `forward` stops at its next graph node (ggml-cpu asks after
         each) and raises ExecutorInterrupted with its sequence as before the call; the request stays
         until `interrupt(False)`. `forward_batch` and every other call ignore it. Safe from any
-        thread; a no-op on a closed executor. A stopped step is exact to rerun only where the cache
-        rolls back (`ArchRow.rollback_exact`): elsewhere its sequence ends empty
-        (csrc/swarm_span.h, swarm_span_interrupt).
+        thread. A no-op on a closed executor, and on one that is not `interruptible`: where the
+        cache cannot drop a stopped step's positions, the sequence would end empty instead
+        (csrc/swarm_span.h, swarm_span_interrupt), so a rerun could not continue it.
         """
-        if self._h is not None:
+        if self._h is not None and self._config.interruptible:
             self._so.swarm_span_interrupt(self._h, int(bool(on)))
 
     def forward_batch(self, steps: Sequence[BatchStep]) -> list[np.ndarray]:

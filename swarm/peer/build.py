@@ -72,8 +72,7 @@ async def open_span(cfg: ServeConfig, dht: SwarmDHT, artifacts: ArtifactSession,
                             owner_tokens=limits.kv_tokens)
     prefixes = _prefix_service(cfg, dht, manifest, start, end) if cfg.prefix_cache_bytes > 0 else None
     span = await Span.open(manifest.model_id, start, end, executor, sessions, prefixes=prefixes,
-                            inline_max_ms=cfg.inline_max_ms, measure=measure_throughput,
-                            preemptible=arch_row(manifest.arch).rollback_exact)
+                            inline_max_ms=cfg.inline_max_ms, measure=measure_throughput)
     logger.info(
         "span [%d, %d): %.1f decode steps/s, %.0f prefill tokens/s",
         start,

@@ -125,7 +125,7 @@ class StepScheduler:
 
     def __init__(self, executor: Callable[[], SpanExecutor], lock: asyncio.Lock, pool: ThreadPoolExecutor, *,
                  chunk_tokens: int, max_batch_rows: int = 1, inline_max_ms: float = INLINE_MAX_MS,
-                 preemptible: bool = False):
+                 preemptible: bool = True):
         self._executor, self._lock, self._pool = executor, lock, pool
         self.chunk_tokens = chunk_tokens
         self.max_batch_rows = max_batch_rows
@@ -142,8 +142,8 @@ class StepScheduler:
         self.held_ms = 0.0
         """ms the executor stood idle in those holds, since start."""
         self.preemptible = preemptible
-        """Chunks may be stopped for lighter clients (step_plan.preempts): only where the span's
-        cache rolls a sequence back exactly (`ArchRow.rollback_exact`)."""
+        """Chunks may be stopped for lighter clients (step_plan.preempts), on an executor that is
+        `interruptible` (its cache rolls a stopped step back exactly)."""
         self.preemptions = 0
         """Chunks stopped for a lighter client's work, since start."""
         self.preempted_ms = 0.0
@@ -353,7 +353,7 @@ class StepScheduler:
         """Stop the running chunk for `client`'s work when step_plan.preempts says so; the chunk's
         unit then queues it again (`_run_unit`)."""
         r = self._running
-        if r is None or r.by is not None or not self.preemptible:
+        if r is None or r.by is not None or not (self.preemptible and r.ex.interruptible):
             return
         left = None if r.expected_ms is None else r.expected_ms - (time.perf_counter() - r.t0) * 1000.0
         usage = self.usage.snapshot({client, r.job.client}, time.monotonic())

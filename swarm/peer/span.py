@@ -64,8 +64,7 @@ class Span:
     """
 
     def __init__(self, model_id: str, start: int, end: int, executor: SpanExecutor, sessions: SessionTable, *,
-                 prefixes: PrefixService | None, inline_max_ms: float, measure: MeasureFn,
-                 preemptible: bool = False):
+                 prefixes: PrefixService | None, inline_max_ms: float, measure: MeasureFn):
         self.model_id, self.start, self.end = model_id, start, end
         self.executor = executor
         self.sessions = sessions
@@ -76,21 +75,17 @@ class Span:
         self.pool = ThreadPoolExecutor(1, "span-executor")
         # Chunks of the executor's n_batch rows: the same ubatches as one long forward() call.
         self.scheduler = StepScheduler(lambda: self.executor, self.lock, self.pool,
-                                       chunk_tokens=executor.n_batch, inline_max_ms=inline_max_ms,
-                                       preemptible=preemptible)
+                                       chunk_tokens=executor.n_batch, inline_max_ms=inline_max_ms)
         self.throughput = Throughput(0.0, 0.0)
         self.verify_rows = 1
         self._measure = measure
 
     @classmethod
     async def open(cls, model_id: str, start: int, end: int, executor: SpanExecutor, sessions: SessionTable,
-                    *, prefixes: PrefixService | None, inline_max_ms: float, measure: MeasureFn,
-                    preemptible: bool = False) -> Span:
-        """A span ready to serve: its batch cap found and its throughput measured on `executor`.
-        `preemptible`: its cache rolls a sequence back exactly (`ArchRow.rollback_exact`), so a heavy
-        client's prefill chunk may be stopped for a lighter client (swarm/peer/step_plan.py)."""
+                    *, prefixes: PrefixService | None, inline_max_ms: float, measure: MeasureFn) -> Span:
+        """A span ready to serve: its batch cap found and its throughput measured on `executor`."""
         span = cls(model_id, start, end, executor, sessions, prefixes=prefixes, inline_max_ms=inline_max_ms,
-                   measure=measure, preemptible=preemptible)
+                   measure=measure)
         await span._tune()
         return span
 

@@ -128,6 +128,9 @@ def test_concurrent_deepseek4_sessions_with_their_token_ids_equal_their_solo_run
     chain = open_chain(path, (1, 2), span_cache, n_seq_max=n, n_batch=BLOCK)
     try:
         assert [ex.needs_token_ids for ex in chain] == [True, True, False]
+        # its compressed cache cannot drop a stopped step's positions: never stopped (interrupt ignored)
+        assert [ex.interruptible for ex in chain] == [False, False, False]
+        chain[0].interrupt()
         solo = solo_runs(chain, embedder, prompts, N_STEPS)
         together, scheds = concurrent_runs(chain, embedder, prompts, N_STEPS)
     finally:
@@ -240,7 +243,8 @@ def test_decode_steps_run_between_the_chunks_of_a_long_prefill(smol, prompts, sp
 
 def test_a_heavy_clients_prefill_is_held_for_a_light_clients_due_decode_steps(smol, prompts, span_cache):
     """Issue 24: a client that prefills without pause must not put a whole chunk (~100-250 ms) before
-    each token of a light client. The light client comes back GAP_S after each answer (its round
+    each token of a light client. Holds alone here (no chunk is stopped): the chunks they keep out of
+    the light client's gaps are never started, so nothing is thrown away. The light client comes back GAP_S after each answer (its round
     trip; the sleep stands for the network, it synchronises nothing): once its gap is measured and
     a chunk's cost known, the scheduler holds the greedy chunks for it, so no chunk runs between its
     decode steps while the greedy prefill still has chunks left."""
@@ -253,7 +257,7 @@ def test_a_heavy_clients_prefill_is_held_for_a_light_clients_due_decode_steps(sm
     prompt = prompts[0]
     try:
         with ThreadPoolExecutor(1) as pool:
-            sch = StepScheduler(lambda: ex, asyncio.Lock(), pool, chunk_tokens=BLOCK)
+            sch = StepScheduler(lambda: ex, asyncio.Lock(), pool, chunk_tokens=BLOCK, preemptible=False)
 
             async def main():
                 last = (await sch.step(1, 0, embedder.embed(prompt), client="modest")).out[-1]
@@ -287,6 +291,7 @@ def test_an_interrupted_step_leaves_its_sequence_as_it_was_and_reruns_bit_for_bi
                                cache_dir=span_cache, n_batch=BLOCK)
     rows = embedder.embed(list(np.random.default_rng(2).integers(100, 40_000, size=2 * BLOCK)))
     try:
+        assert ex.interruptible  # a plain KV cache drops positions exactly
         ref = ex.forward(0, 0, rows)
         ex.forward(1, 0, rows[:BLOCK])
         ex.interrupt()
@@ -318,7 +323,7 @@ def test_a_light_clients_arrival_stops_a_heavy_chunk_which_then_reruns_exactly(s
         ex.clear(0)
         ex.clear(1)
         with ThreadPoolExecutor(1) as pool:
-            sch = StepScheduler(lambda: ex, asyncio.Lock(), pool, chunk_tokens=BLOCK, preemptible=True)
+            sch = StepScheduler(lambda: ex, asyncio.Lock(), pool, chunk_tokens=BLOCK)
             sch.usage = ClientUsage(half_life_s=1e9)  # no decay: the charges add up exactly
 
             async def main():
