@@ -307,6 +307,27 @@ def test_an_interrupted_step_leaves_its_sequence_as_it_was_and_reruns_bit_for_bi
         ex.close()
 
 
+def test_an_interrupted_chunk_past_gemmas_sliding_window_reruns_bit_for_bit(gemma_path, span_cache):
+    """The same across Gemma-3's 512-position sliding window: its window cache reuses the cells of
+    positions the chunk no longer sees, and a stopped chunk at positions 704-767 reruns exactly."""
+    embedder = TokenEmbedder(gemma_path)
+    ex = SpanExecutor.for_span(gemma_path, 0, 9, n_ctx_tokens=2048, n_seq_max=2, n_threads=N_THREADS,
+                               cache_dir=span_cache, n_batch=BLOCK)
+    rows = embedder.embed(list(np.random.default_rng(4).integers(100, 20_000, size=12 * BLOCK)))
+    try:
+        assert ex.interruptible
+        ref = ex.forward(0, 0, rows)
+        ex.forward(1, 0, rows[: 11 * BLOCK])
+        ex.interrupt()
+        with pytest.raises(ExecutorInterrupted):
+            ex.forward(1, 11 * BLOCK, rows[11 * BLOCK :])
+        ex.interrupt(False)
+        assert ex.pos_max(1) == 11 * BLOCK - 1
+        assert np.array_equal(ex.forward(1, 11 * BLOCK, rows[11 * BLOCK :]), ref[11 * BLOCK :])
+    finally:
+        ex.close()
+
+
 def test_a_light_clients_arrival_stops_a_heavy_chunk_which_then_reruns_exactly(smol, prompts, span_cache):
     """Issue 24: a newcomer's first step must not wait for the whole chunk of a client that prefills
     without pause. It arrives while the greedy client's first chunk runs on the executor thread: the
