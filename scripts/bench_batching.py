@@ -164,7 +164,8 @@ def bench_peer(path: Path, n: int, n_decode: int, root: Path, threads: int = 1) 
     out: dict = {"threads": threads, "loadavg_start": loadavg()}
     try:
         _, n_layers = read_span_layers(path)
-        peer = ps.start("p0", "serve", "--model", str(path), "--layers", f"0:{n_layers}", "--threads", str(threads),
+        peer = ps.start("p0", "serve", "--model", str(path), "--layers", f"0:{n_layers}",
+                        "--threads", str(threads),
                         "--cache-tokens", "4096", "--max-sessions", str(n), "--client-sessions", str(n),
                         "--new-swarm")
         with Client(str(path), initial_peers=peer.maddrs) as client:

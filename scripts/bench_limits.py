@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             loads = ("decode", "prefill") if args.load == "both" else (args.load,)
             span = (cuts[loaded_at], cuts[loaded_at + 1])
             out["fairness"] = [fairness(path, peer, span, list(peers[0].maddrs), port, Path(tmp), args.tokens,
-                                        load, args.greedy_s, r) for load in loads for r in range(args.repeats)]
+                                        load, args.greedy_s, r)
+                               for load in loads for r in range(args.repeats)]
             out["median_ratios"] = {
                 load: {k: float(np.median([f[k] for f in out["fairness"] if f["load"] == load]))
                        for k in ("ttft_ratio", "tokens_per_s_ratio")} for load in loads}

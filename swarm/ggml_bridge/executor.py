@@ -237,7 +237,8 @@ class SpanExecutor:
         out, step, _x, _ids = self._prepare(BatchStep(seq_id, pos0, hidden, all_logits, token_ids))
         rc = self._so.swarm_span_execute(self._handle(), ctypes.byref(step))
         if rc == _lib.SWARM_ERR_INTERRUPTED:
-            raise ExecutorInterrupted(f"sequence {seq_id}: forward of {step.n_tokens} tokens at {pos0} interrupted")
+            raise ExecutorInterrupted(
+                f"sequence {seq_id}: forward of {step.n_tokens} tokens at {pos0} interrupted")
         if rc != _lib.SWARM_OK:
             raise self._step_error(rc, seq_id, pos0, step.n_tokens)
         return out

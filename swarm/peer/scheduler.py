@@ -53,8 +53,9 @@ import numpy as np
 
 from swarm.errors import ExecutorError, ExecutorInterrupted
 from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
-from swarm.peer.step_plan import (ClientUsage, CostModel, Due, FairnessMeter, Pending, Unit, hold_ms, plan_next,
-                                  preempts)
+from swarm.peer.step_plan import (
+    ClientUsage, CostModel, Due, FairnessMeter, Pending, Unit, hold_ms, plan_next, preempts,
+)
 
 INLINE_MAX_MS = 10.0
 """Units expected to compute in less than this many ms run on the event loop thread: the longest a
@@ -132,7 +133,8 @@ class StepScheduler:
         self.inline_max_ms = inline_max_ms
         self.cost = CostModel()
         self.units: list[tuple[str, tuple[int, ...], int]] = []
-        """(kind, seq ids, rows) of recent units, oldest first (the last 1024), for tests and benchmarks."""
+        """(kind, seq ids, rows) of recent units, oldest first (the last 1024), for tests and benchmarks;
+        kind "stopped": a chunk stopped for a lighter client (it reruns as a later "chunk")."""
         self.unit_ms: list[float] = []
         """Compute ms of the same units, in the same order."""
         self.fairness = FairnessMeter()
@@ -355,9 +357,10 @@ class StepScheduler:
         r = self._running
         if r is None or r.by is not None or not (self.preemptible and r.ex.interruptible):
             return
-        left = None if r.expected_ms is None else r.expected_ms - (time.perf_counter() - r.t0) * 1000.0
+        elapsed = (time.perf_counter() - r.t0) * 1000.0
+        left = None if r.expected_ms is None else r.expected_ms - elapsed
         usage = self.usage.snapshot({client, r.job.client}, time.monotonic())
-        if preempts(r.unit, {r.job.client}, client, usage, r.job.stopped, left):
+        if preempts(r.unit, {r.job.client}, client, usage, r.job.stopped, left, elapsed):
             r.by = client
             r.ex.interrupt()
 
@@ -408,6 +411,7 @@ class StepScheduler:
             # Stopped for a lighter client: nothing of the chunk is left in the cache; it runs again
             # first in its client's turn, and the client that stopped it pays for the lost compute.
             jobs[0].stopped += 1
+            self.units[-1] = ("stopped", *self.units[-1][1:])
             self.preemptions += 1
             self.preempted_ms += ms
             self.usage.charge(running.by, ms, time.monotonic())

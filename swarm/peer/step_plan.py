@@ -50,11 +50,13 @@ when work of a client arrives while a chunk runs that serves only clients `heavi
 chunk is stopped (`SpanExecutor.interrupt`: llama.cpp drops the chunk's positions again, and the
 chunk reruns later on the same rows and cells, so its results do not change) and queued again at
 the front (`preempts`). The compute the stopped chunk had spent is charged to the client that
-stopped it, so stopping is not free: a client that keeps doing it soon ranks heavier itself. One
-chunk is stopped at most `PREEMPT_MAX` times, so a heavy client's prefill always progresses (at
-worst a chunk costs `PREEMPT_MAX + 1` times its compute, charged to clients with far less usage,
-which soon are not), and never when it is expected to end within `PREEMPT_MIN_LEFT_MS`. Only where a sequence rolls back
-exactly (`ArchRow.rollback_exact`); decode batches are never stopped (they are short).
+stopped it, so stopping is not free: a client that keeps doing it soon ranks heavier itself, and
+a stop whose charge would rank the stopper behind the chunk's client is not made (the chunk would
+rerun whole first). One chunk is stopped at most `PREEMPT_MAX` times, so a heavy client's prefill
+always progresses (at worst a chunk costs `PREEMPT_MAX + 1` times its compute, charged to clients
+with far less usage, which soon are not), and never when it is expected to end within
+`PREEMPT_MIN_LEFT_MS`. Only where a sequence rolls back exactly (`ArchRow.rollback_exact`);
+decode batches are never stopped (they are short).
 
 Nothing here reads a clock or a queue: the scheduler passes the time, the usage and the gaps in.
 """
@@ -299,7 +301,7 @@ def hold_ms(unit: Unit, unit_clients: set[str], unit_cost_ms: float | None, due:
 
 
 def preempts(unit: Unit, unit_clients: set[str], client: str, usage: Mapping[str, float], stopped: int,
-             left_ms: float | None) -> bool:
+             left_ms: float | None, elapsed_ms: float) -> bool:
     """Whether work of `client` arriving now stops the running `unit` (module docstring, "Stopping a
     chunk").
 
@@ -311,6 +313,10 @@ def preempts(unit: Unit, unit_clients: set[str], client: str, usage: Mapping[str
         stopped: times this chunk's step was stopped before.
         left_ms: the chunk's expected ms still to run (its measured cost minus its elapsed ms), or
             None when its cost is not measured yet.
+        elapsed_ms: how long the chunk has run: the compute a stop throws away, which `client` is
+            charged. Every client the chunk serves must still be `heavier` than `client` after that
+            charge, or the stopped chunk would rank first again and rerun whole before the work
+            that stopped it (a late stop would then cost `client` more than waiting).
     Returns:
         True: stop it and run `client`'s work first.
     """
@@ -318,7 +324,7 @@ def preempts(unit: Unit, unit_clients: set[str], client: str, usage: Mapping[str
         return False
     if left_ms is not None and left_ms < PREEMPT_MIN_LEFT_MS:
         return False
-    mine = usage.get(client, 0.0)
+    mine = usage.get(client, 0.0) + max(elapsed_ms, 0.0)
     return all(heavier(usage.get(c, 0.0), mine) for c in unit_clients)
 
 

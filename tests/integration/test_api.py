@@ -341,11 +341,13 @@ def test_a_missing_max_tokens_fills_what_the_route_holds_per_session(api):
     default = client.completions.create(model=name, prompt=prompt, temperature=0)
     assert default.usage.prompt_tokens == n
     # it generated until the session was full, as max_tokens=512 - n would
-    assert default.choices[0].finish_reason == "length" and default.usage.completion_tokens == SESSION_TOKENS - n
+    assert default.choices[0].finish_reason == "length"
+    assert default.usage.completion_tokens == SESSION_TOKENS - n
     # a prompt that fills the session leaves no token: a 400 naming the prompt and the per-session cap
     e = _status_code(lambda: client.completions.create(model=name, prompt=" hello" * 600, temperature=0))
     assert e.status_code == 400 and e.body["code"] == "context_length_exceeded"
-    assert e.body["param"] == "prompt" and f"take at most {SESSION_TOKENS} tokens per session" in e.body["message"]
+    assert e.body["param"] == "prompt"
+    assert f"take at most {SESSION_TOKENS} tokens per session" in e.body["message"]
 
 
 def test_disconnect_mid_stream_closes_the_sessions_on_every_peer(api):

@@ -244,8 +244,9 @@ def test_decode_steps_run_between_the_chunks_of_a_long_prefill(smol, prompts, sp
 def test_a_heavy_clients_prefill_is_held_for_a_light_clients_due_decode_steps(smol, prompts, span_cache):
     """Issue 24: a client that prefills without pause must not put a whole chunk (~100-250 ms) before
     each token of a light client. Holds alone here (no chunk is stopped): the chunks they keep out of
-    the light client's gaps are never started, so nothing is thrown away. The light client comes back GAP_S after each answer (its round
-    trip; the sleep stands for the network, it synchronises nothing): once its gap is measured and
+    the light client's gaps are never started, so nothing is thrown away. The light client comes
+    back GAP_S after each answer (its round trip; the sleep stands for the network, it synchronises
+    nothing): once its gap is measured and
     a chunk's cost known, the scheduler holds the greedy chunks for it, so no chunk runs between its
     decode steps while the greedy prefill still has chunks left."""
     gap_s = 0.01
@@ -308,8 +309,9 @@ def test_an_interrupted_step_leaves_its_sequence_as_it_was_and_reruns_bit_for_bi
 
 
 def test_an_interrupted_chunk_past_gemmas_sliding_window_reruns_bit_for_bit(gemma_path, span_cache):
-    """The same across Gemma-3's 512-position sliding window: its window cache reuses the cells of
-    positions the chunk no longer sees, and a stopped chunk at positions 704-767 reruns exactly."""
+    """The same past Gemma-3's 512-position sliding window (its window layers mask positions the chunk
+    no longer sees; llama.cpp keeps their cells, `swa_full`): a stopped chunk at positions 704-767
+    reruns exactly."""
     embedder = TokenEmbedder(gemma_path)
     ex = SpanExecutor.for_span(gemma_path, 0, 9, n_ctx_tokens=2048, n_seq_max=2, n_threads=N_THREADS,
                                cache_dir=span_cache, n_batch=BLOCK)
@@ -360,7 +362,8 @@ def test_a_light_clients_arrival_stops_a_heavy_chunk_which_then_reruns_exactly(s
         ex.close()
     assert sch.preemptions == 1 and sch.preempted_ms > 0.0
     # the stopped chunk, the newcomer's prompt, then all four greedy chunks
-    assert sch.units == [("chunk", (0,), BLOCK), ("chunk", (1,), len(prompts[0]))] + [("chunk", (0,), BLOCK)] * 4
+    assert sch.units == [("stopped", (0,), BLOCK), ("chunk", (1,), len(prompts[0])),
+                         *[("chunk", (0,), BLOCK)] * 4]
     assert np.array_equal(long_out, long_solo)
     assert np.array_equal(light_out, light_solo)
     now = time.monotonic()

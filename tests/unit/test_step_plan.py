@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from swarm.peer.step_plan import (
-    BUSY_SESSION_S, HEAVY_MARGIN_MS, PREEMPT_MAX, PREEMPT_MIN_LEFT_MS, SESSION_WEIGHT_MAX, ClientUsage, CostModel, Due,
-    FairnessMeter, Pending, Unit, heavier, hold_ms, plan_next, preempts,
+    BUSY_SESSION_S, HEAVY_MARGIN_MS, PREEMPT_MAX, PREEMPT_MIN_LEFT_MS, SESSION_WEIGHT_MAX, ClientUsage,
+    CostModel, Due, FairnessMeter, Pending, Unit, heavier, hold_ms, plan_next, preempts,
 )
 
 
@@ -315,24 +315,38 @@ CHUNK = Unit("chunk", (0,), 64)
 HOG = {"greedy": 5000.0, "modest": 300.0}
 
 
+def stops(unit, unit_clients, client, usage, stopped=0, left_ms=300.0, elapsed_ms=10.0) -> bool:
+    return preempts(unit, unit_clients, client, usage, stopped, left_ms, elapsed_ms)
+
+
 def test_a_light_clients_work_stops_a_heavy_clients_chunk():
-    assert preempts(CHUNK, {"greedy"}, "modest", HOG, stopped=0, left_ms=300.0)
-    assert preempts(CHUNK, {"greedy"}, "newcomer", HOG, stopped=0, left_ms=None)  # cost not measured yet
+    assert stops(CHUNK, {"greedy"}, "modest", HOG)
+    assert stops(CHUNK, {"greedy"}, "newcomer", HOG, stopped=0, left_ms=None)  # cost not measured yet
 
 
 def test_only_a_chunk_of_clearly_heavier_clients_is_stopped():
-    assert not preempts(Unit("batch", (0, 1), 2), {"greedy"}, "modest", HOG, stopped=0, left_ms=300.0)
-    assert not preempts(Unit("call", (0,), 0), {"greedy"}, "modest", HOG, stopped=0, left_ms=300.0)
-    assert not preempts(CHUNK, {"greedy"}, "greedy", HOG, stopped=0, left_ms=300.0)  # its own next step
-    assert not preempts(CHUNK, {"greedy"}, "", HOG, stopped=0, left_ms=300.0)  # the peer's own work
+    assert not stops(Unit("batch", (0, 1), 2), {"greedy"}, "modest", HOG)
+    assert not stops(Unit("call", (0,), 0), {"greedy"}, "modest", HOG)
+    assert not stops(CHUNK, {"greedy"}, "greedy", HOG)  # its own next step
+    assert not stops(CHUNK, {"greedy"}, "", HOG)  # the peer's own work
     # Two clients sharing the peer evenly, or one just ahead of the other, never stop each other.
-    even = {"a": 1000.0, "b": 1000.0 * 1.5 + HEAVY_MARGIN_MS}
-    assert not preempts(CHUNK, {"b"}, "a", even, stopped=0, left_ms=300.0)
-    assert preempts(CHUNK, {"b"}, "a", {**even, "b": even["b"] + 1.0}, stopped=0, left_ms=300.0)
+    even = {"a": 1000.0, "b": 1010.0 * 1.5 + HEAVY_MARGIN_MS}
+    assert not stops(CHUNK, {"b"}, "a", even)
+    assert stops(CHUNK, {"b"}, "a", {**even, "b": even["b"] + 1.0})
+
+
+def test_a_chunk_is_not_stopped_when_the_charge_for_it_would_rank_the_stopper_behind_it():
+    """The stopper is charged the chunk's elapsed compute: a late stop that would leave it heavier
+    than the chunk's client would make the chunk rerun whole first, so it is not made."""
+    usage = {"greedy": 520.0, "newcomer": 0.0}
+    assert stops(CHUNK, {"greedy"}, "newcomer", usage, stopped=0, left_ms=None)
+    assert not stops(CHUNK, {"greedy"}, "newcomer", usage, stopped=0, left_ms=None, elapsed_ms=600.0)
+    hog = {"greedy": 20_000.0, "newcomer": 0.0}
+    assert stops(CHUNK, {"greedy"}, "newcomer", hog, stopped=0, left_ms=200.0, elapsed_ms=600.0)
 
 
 def test_a_chunk_is_stopped_at_most_preempt_max_times_and_never_just_before_it_ends():
-    assert preempts(CHUNK, {"greedy"}, "modest", HOG, stopped=PREEMPT_MAX - 1, left_ms=300.0)
-    assert not preempts(CHUNK, {"greedy"}, "modest", HOG, stopped=PREEMPT_MAX, left_ms=300.0)
-    assert not preempts(CHUNK, {"greedy"}, "modest", HOG, stopped=0, left_ms=PREEMPT_MIN_LEFT_MS - 1.0)
-    assert not preempts(CHUNK, {"greedy"}, "modest", HOG, stopped=0, left_ms=-50.0)  # overran its estimate
+    assert stops(CHUNK, {"greedy"}, "modest", HOG, stopped=PREEMPT_MAX - 1, left_ms=300.0)
+    assert not stops(CHUNK, {"greedy"}, "modest", HOG, stopped=PREEMPT_MAX, left_ms=300.0)
+    assert not stops(CHUNK, {"greedy"}, "modest", HOG, stopped=0, left_ms=PREEMPT_MIN_LEFT_MS - 1.0)
+    assert not stops(CHUNK, {"greedy"}, "modest", HOG, stopped=0, left_ms=-50.0)  # overran its estimate
