@@ -97,15 +97,25 @@ class SampleResult:
 
 
 def _check_logits(logits: np.ndarray) -> np.ndarray:
+    _check_form(logits)
+    _check_top(np.max(logits))  # NaN propagates through max: one pass finds NaN, +inf, all -inf
+    return logits
+
+
+def _check_form(logits: np.ndarray) -> None:
     if not isinstance(logits, np.ndarray) or logits.ndim != 1 or logits.size == 0:
         raise RequestError("logits must be a non-empty 1-D array [n_vocab]")
     if not np.issubdtype(logits.dtype, np.floating):
         raise RequestError(f"logits must be floating point, got {logits.dtype}")
-    if np.isnan(logits).any() or np.isposinf(logits).any():
+
+
+def _check_top(top: np.floating) -> None:
+    """Refuse logits whose maximum (NaN when any is NaN) is `top`, in their own dtype (a long double
+    past float64's range is refused later, by name)."""
+    if np.isnan(top) or top == np.inf:
         raise RequestError("logits contain NaN or +inf")
-    if np.isneginf(logits).all():
+    if top == -np.inf:
         raise RequestError("every logit is -inf")
-    return logits
 
 
 def _top_ids(x: np.ndarray, k: int) -> np.ndarray:
@@ -201,12 +211,16 @@ def sample(logits: np.ndarray, params: SamplingParams, position: int) -> SampleR
     Raises:
         RequestError: logits malformed (not 1-D, empty, NaN, +inf, all -inf) or position < 0.
     """
-    logits = _check_logits(logits)
     if not _is_int(position) or position < 0:
         raise RequestError(f"position must be an integer >= 0, got {position!r}")
     if params.greedy:
+        _check_form(logits)
         token = int(np.argmax(logits))
+        # argmax lands on the first NaN, else on +inf, else on -inf only when every logit is -inf:
+        # the logit it chose checks them all, in its one pass over the vocabulary
+        _check_top(logits[token])
     else:
+        logits = _check_logits(logits)
         ids, probs = distribution(logits, params)
         u = np.random.default_rng([params.seed, position]).random()
         i = int(np.searchsorted(np.cumsum(probs), u * probs.sum(), side="right"))

@@ -390,7 +390,8 @@ class _Ids(_Kind):
     def check(self, name: str, v: Any) -> Any:
         if not isinstance(v, np.ndarray) or v.ndim != 1 or v.dtype.kind not in "iu":
             raise ProtocolError(f"field {name!r} must be a 1-D integer array")
-        if v.size and (int(v.min()) < 0 or int(v.max()) > self.max_id):
+        lo, hi = (int(v[0]), int(v[0])) if v.size == 1 else (int(v.min()), int(v.max())) if v.size else (0, 0)
+        if lo < 0 or hi > self.max_id:  # a decode step's one id: no array pass (twice per hop and token)
             raise ProtocolError(f"field {name!r} must hold ids in [0, {self.max_id}]")
         return v if v.dtype == _IDS else np.ascontiguousarray(v, dtype=_IDS)
 

@@ -13,6 +13,8 @@ checks.py      spot checks of a route's hops: a hop's recorded steps replayed on
 link.py        the link protocol a route session drives (send / recv), its directory, Error frames
                as exceptions
 remote.py      the swarm engine (a RouteSession per generation) and `connect_swarm` (joining for a model)
+remote_session.py  one generation on the swarm engine: prompt chunks, decode steps (the next one sent
+               from the loop thread as soon as its token is back), verify passes
 loop.py        the client's asyncio loop in a background thread, for synchronous callers
 connection.py  the client's DHT node (client mode) on that loop
 directory.py   `DHTDirectory`: the model's announcements from the DHT, RTTs by ping

@@ -45,8 +45,10 @@ class EngineSession(Protocol):
     def prefill(self, tokens: Sequence[int]) -> StepResult:
         """Run the prompt from position 0; sample the token after it."""
 
-    def decode(self, token: int) -> StepResult:
-        """Append one token; sample the next.
+    def decode(self, token: int, follow: Callable[[int], bool] | None = None) -> StepResult:
+        """Append one token; sample the next. `follow(next token)` True promises that the next
+        call is `decode` of that token (or `settle`, or `close`), so a session with a round trip
+        to hide may start that step before it is asked for; None: it may not.
 
         Raises:
             Rewind: (swarm) tokens given out earlier were computed wrong; `token` was not appended.

@@ -315,6 +315,9 @@ class TokenStream:
         if spec is not None and spec.adaptive:
             group = spec.group_rows or session.verify_rows
             policy = KPolicy(spec.k, explore=min(spec.k, max(1, group - 1)))
+        # `decode`'s `follow` (this thread waits in decode): will the next step be asked for? (a stop string
+        follow = None if spec else lambda t: (  # may still end the text: that step is then never read)
+            len(self.tokens) + 1 < self._req.max_new_tokens and not self._tok.is_end(t))
         shadow: tuple[list[int], int] | None = None  # a shadow draft and where it starts in self.tokens
         ahead: list[int] = []  # the pass sent ahead: the guessed token after the draft, then its draft
         while True:
@@ -334,7 +337,7 @@ class TokenStream:
             t0 = time.perf_counter()
             try:
                 if not draft:
-                    new = [session.decode(step.token)]
+                    new = [session.decode(step.token, follow)]
                 elif self._pipelines(draft, policy):
                     new = verify(step.token, draft, spec.group_rows,
                                  lambda d=draft: guesses.append(self._guess(d, policy)) or guesses[-1])

@@ -31,7 +31,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import llama_cpp
@@ -319,8 +319,9 @@ class LocalSession:
         assert logits is not None
         return self._sample(logits)
 
-    def decode(self, token: int) -> StepResult:
-        """Append one token at the next position and sample the token after it.
+    def decode(self, token: int, follow: Callable[[int], bool] | None = None) -> StepResult:
+        """Append one token at the next position and sample the token after it. (`follow` is
+        ignored: with no round trip to hide, nothing is computed ahead.)
 
         Raises:
             RequestError: the session is closed, or the step passes the reserved tokens.

@@ -20,14 +20,10 @@ RTTs and the failed peers to avoid are shared.
 from __future__ import annotations
 
 import asyncio
-import logging
 import dataclasses
 import random
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
-
-import numpy as np
 
 from swarm.arch import arch_row
 from swarm.artifacts.distribute import acquire, client_ranges
@@ -35,16 +31,14 @@ from swarm.artifacts.session import ArtifactSession, SessionConfig
 from swarm.client.checks import CheckContext, SpotChecks
 from swarm.client.connection import SwarmConnection
 from swarm.client.directory import DHTDirectory
-from swarm.client.generate import Rewind, StepResult
-from swarm.client.loop import LoopThread
-from swarm.client.session import Rewound, RouteSession, SessionSpec
+from swarm.client.remote_session import CALL_TIMEOUT_S, RemoteSession
+from swarm.client.session import RouteSession, SessionSpec
 from swarm.client.streams import P2PTransport
 from swarm.client.telemetry import GenerationTelemetry
 from swarm.client.tokenizer import Tokenizer
 from swarm.dht.identity import resolve_data_dir
 from swarm.dht.node import SwarmDHT
 from swarm.ggml_bridge.embed import TokenEmbedder
-from swarm.kv.prefix import prefix_offers
 from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.manifest import Manifest, build_manifest
 from swarm.models import cache_dir, is_model_id, resolve_model
@@ -53,13 +47,6 @@ from swarm.route.failover import Exclusions, FailoverPolicy
 from swarm.route.verify import CheckPolicy, Standing, band_for, quant_type
 from swarm.route.plan import route_room
 from swarm.sampling import SamplingParams
-from swarm.spec.verify import accepted
-
-logger = logging.getLogger(__name__)
-
-CALL_TIMEOUT_S = 900.0
-"""Outer bound on one synchronous call into the loop; every await inside has its own, shorter one."""
-
 
 class RemoteEngine:
     """`swarm.client.generate.Engine` over the swarm: one `RouteSession` per generation.
@@ -196,121 +183,6 @@ class RemoteEngine:
         for session in list(self._sessions):
             session.close()
         self._conn.close()
-
-
-class RemoteSession:
-    """`EngineSession` over a `RouteSession`: embeds tokens, chunks the prompt, waits on the loop."""
-
-    def __init__(self, loop: LoopThread, route: RouteSession, embedder: TokenEmbedder, chunk_tokens: int,
-                 reuse_prefixes: bool = False):
-        self._loop, self.route, self._embedder, self._chunk = loop, route, embedder, chunk_tokens
-        self._reuse = reuse_prefixes
-        self._closed = False
-        self.on_close = None
-
-    @property
-    def verify_rows(self) -> int:
-        """The route's proven exact row group (`RouteSession.verify_rows`): a verify pass of this
-        many rows costs each hop one step."""
-        return self.route.verify_rows
-
-    def prefill(self, tokens) -> StepResult:
-        """Open the route (offering the prompt's prefixes), then send the prompt from the restored
-        length on, in chunks starting at multiples of the chunk size; return the token sampled after it.
-
-        Raises:
-            NoRoute: no chain of live peers with room for the session.
-        """
-        tokens = list(tokens)
-        x = self._embedder.embed(tokens)
-        ids = np.asarray(tokens, dtype=np.int32)
-        offers = prefix_offers(tokens) if self._reuse else ()
-        self._loop.run(self.route.open(offers, lambda n: x[:n], len(tokens), prompt_ids=ids), CALL_TIMEOUT_S)
-        token = None
-        for i in range(self.route.pos, len(tokens), self._chunk):
-            step = self.route.step(x[i : i + self._chunk], token_ids=ids[i : i + self._chunk],
-                                   draft=i + self._chunk >= len(tokens))
-            token = self._loop.run(step, CALL_TIMEOUT_S)
-        assert token is not None
-        token = self._loop.run(self.route.verify_prefill(), CALL_TIMEOUT_S) or token
-        return StepResult(token=token.token, logprob=token.logprob, top=token.top)
-
-    def decode(self, token: int) -> StepResult:
-        """Send one token's hidden state through the route; return the next sampled token.
-
-        Raises:
-            Rewind: a peer was caught computing wrong: the route was rebuilt without it and rolled
-                back (swarm/client/session.py `Rewound`); `token` was not sent.
-        """
-        try:
-            step = self.route.step(self._embedder.embed([token]), token_ids=np.array([token], np.int32),
-                                   draft=True)
-            t = self._loop.run(step, CALL_TIMEOUT_S)
-        except Rewound as r:
-            raise Rewind(r.position, StepResult(token=r.token.token, logprob=r.token.logprob,
-                                                top=r.token.top)) from None
-        return StepResult(token=t.token, logprob=t.logprob, top=t.top)
-
-    def verify(self, token: int, draft: Sequence[int], group_rows: int | None,
-               ahead: Callable[[], Sequence[int]] | None = None) -> list[StepResult]:
-        """Send `token` and the drafted tokens as one verify pass in steps of `group_rows` rows (None:
-        the route's proven exact group; swarm/spec/verify.py); keep the accepted rows on every hop.
-        `ahead` is called (on a worker thread) once the pass is on its way; the tokens it returns
-        (the guessed token after the draft, then drafted tokens after it) go out as the next pass
-        right behind this one (pipelining, `RouteSession.step(ahead=...)`): a later call with
-        exactly those tokens then only reads its answer.
-        Returns the kept drafted tokens and the next sampled token (1..len(draft)+1, no log-probs).
-        Raises:
-            Rewind: as `decode`; nothing was sent."""
-        x = self._embedder.embed([token, *draft])
-        try:
-            new = self._loop.run(self._verify(x, [token, *draft], group_rows, ahead), CALL_TIMEOUT_S)
-        except Rewound as r:
-            raise Rewind(r.position, StepResult(token=r.token.token)) from None
-        return [StepResult(token=t) for t in new]
-
-    def settle(self) -> Rewind | None:
-        """Called when the generation has its last token: wait for the spot checks in flight. A
-        `Rewind` when one caught a hop (the route was rebuilt without it and rolled back, as
-        `decode` raises it): the tokens from its position on are replaced, and the generation goes
-        on from its `step`; None: the tokens given out stand."""
-        t = self._loop.run(self.route.settle(), CALL_TIMEOUT_S)
-        if t is None:
-            return None
-        return Rewind(self.route.pos, StepResult(token=t.token, logprob=t.logprob, top=t.top))
-
-    async def _verify(self, x, tokens: list[int], group_rows: int | None,
-                      ahead: Callable[[], Sequence[int]] | None) -> list[int]:
-        """Verify `tokens` (the last token, then the draft), embedded as `x`; keep the accepted rows."""
-
-        async def rows_ahead() -> tuple[np.ndarray, np.ndarray] | None:
-            try:
-                guess = await asyncio.to_thread(ahead)
-                return (self._embedder.embed(list(guess)), np.asarray(guess, dtype=np.int32)) if guess else None
-            except Exception as e:  # noqa: BLE001 - a pass sent ahead is optional: this pass goes on
-                logger.warning("no pass sent ahead: the guess failed: %s", e)
-                return None
-
-        t = await self.route.step(x, verify=True, group_rows=group_rows, token_ids=np.asarray(tokens, dtype=np.int32),
-                                  draft=True, ahead=rows_ahead if ahead is not None else None)
-        new = accepted(tokens[1:], t.tokens)
-        self.route.keep(len(new))
-        spec = self.route.telemetry.speculation
-        if spec is not None:
-            spec.ahead_sent, spec.ahead_used = self.route.ahead_sent, self.route.ahead_used
-        return new
-
-    def close(self) -> None:
-        """Close the route's sessions on every peer (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        if self.on_close is not None:
-            self.on_close(self)
-        if self._loop.on_loop_thread:  # garbage-collected on the loop thread: cannot wait there
-            self._loop.submit(self.route.close())
-        else:
-            self._loop.run(self.route.close(), CALL_TIMEOUT_S)
 
 
 def connect_swarm(

@@ -26,6 +26,8 @@ from swarm.ggml_bridge import _lib
 from swarm.ggml_bridge.gguf_header import scan
 
 _EMBD_TENSOR = "token_embd.weight"
+_INT32_P = ctypes.POINTER(ctypes.c_int32)
+_FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
 
 class TokenEmbedder:
@@ -57,6 +59,7 @@ class TokenEmbedder:
                                    shape=(self._n_vocab * self._row_bytes,))
         except (OSError, ValueError) as e:
             raise ModelError(f"{model_path}: cannot map {_EMBD_TENSOR}: {e}") from e
+        self._data_ptr = ctypes.c_void_p(self._data.ctypes.data)  # the map lives as long as self
         self._scale = np.float32(np.sqrt(np.float32(self._n_embd))) if row.embedding_scale == "sqrt_hidden" \
             else None
         self._streams = row.boundary_width
@@ -83,18 +86,18 @@ class TokenEmbedder:
             ExecutorError: empty ids, an id out of range or not an integer, or an unsupported type.
         """
         arr = np.asarray(ids)
-        if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+        if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
             raise ExecutorError(f"ids must be a non-empty sequence of ints, "
                                 f"got {arr.dtype} shape {arr.shape}")
-        bad = arr[(arr < 0) | (arr >= self._n_vocab)]
-        if bad.size:
+        lo, hi = (int(arr[0]), int(arr[0])) if arr.size == 1 else (int(arr.min()), int(arr.max()))
+        if lo < 0 or hi >= self._n_vocab:  # a decode step's one id costs no array pass (per token)
+            bad = arr[(arr < 0) | (arr >= self._n_vocab)]
             raise ExecutorError(f"token id {int(bad[0])} is outside the vocabulary [0, {self._n_vocab})")
         ids32 = np.ascontiguousarray(arr, dtype=np.int32)
         out = np.empty((ids32.size, self._n_embd), dtype=np.float32)
         rc = self._so.swarm_dequantize_rows(
-            self._type, ctypes.c_void_p(self._data.ctypes.data), self._row_bytes, self._n_vocab, self._n_embd,
-            ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), ids32.size,
-            out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            self._type, self._data_ptr, self._row_bytes, self._n_vocab, self._n_embd,
+            ids32.ctypes.data_as(_INT32_P), ids32.size, out.ctypes.data_as(_FLOAT_P),
         )
         if rc != _lib.SWARM_OK:
             raise ExecutorError(f"cannot dequantize token_embd: {self._so.swarm_status_str(rc).decode()}")

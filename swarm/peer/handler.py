@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from swarm.errors import Busy, ExecutorError, ProtocolError, RequestError, SwarmError
 from swarm.kv.prefix import owner_scoped
 from swarm.kv.sessions import SessionSlot
@@ -206,10 +208,6 @@ async def _answer(streams: PeerStreams, session: _Session, frame) -> None:
         reply = await _dispatch(streams, session, frame)
     except (RequestError, ExecutorError) as e:
         reply = Error(ErrorCode.BAD_REQUEST, str(e))
-    if isinstance(reply, Hidden) and isinstance(frame, Forward) and frame.push:
-        sent = reply.hidden if streams.liar is None else streams.liar.in_transit(reply.hidden)
-        reply = Hidden(reply.step, reply.hidden, reply.compute_ms,
-                       pushed=await session.push.send(frame, sent, streams.after_push), receipt=reply.receipt)
     try:
         await session.client.send(encode_frame(reply))
     except SwarmError:
@@ -264,9 +262,11 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
         # a verify pass samples every row on the last span, so it needs every row's logits
         all_logits = (frame.want_logits and frame.all_logits) or (frame.verify and span.is_last)
         restore = (frame.restore, prefixes.restorable.get(frame.restore)) if frame.restore else None
+        push = _PushOn(streams, session, frame) if frame.push and not span.is_last else None
         reply = await span.forward(slot, frame.pos0, frame.hidden, all_logits=all_logits, steps=frame.steps,
-                                   finish=lambda out: _reply(span, frame, out, session.sampling, streams.liar),
-                                   restore=restore, token_ids=frame.token_ids)
+                                   finish=lambda out: _reply(span, frame, out, session.sampling, streams.liar,
+                                                             pushed=push is not None and push.pushed),
+                                   then=push, restore=restore, token_ids=frame.token_ids)
         if frame.want_draft and isinstance(reply, Token) and span.has_mtp:
             t0 = time.perf_counter()
             draft = await span.mtp_draft(slot, reply.token)
@@ -285,18 +285,38 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
     raise RequestError(f"unexpected {type(frame).__name__} frame in an open session")
 
 
+@dataclass
+class _PushOn:
+    """A chained step's push (`Forward.push`): sends the step's output to the next hop the moment it
+    is computed (`Span.forward`'s `then`), before this peer builds its answer to the client, so that
+    answer's work (receipt, frame, session bookkeeping) overlaps the next hop's compute. A test
+    liar pushes the rows it answers (its noise depends on the position only), or with `transit`
+    other rows."""
+
+    streams: PeerStreams
+    session: _Session
+    frame: Forward
+    pushed: bool = False
+    """Whether the output went on (`PushState.send`), once called."""
+
+    async def __call__(self, out: np.ndarray) -> None:
+        liar, frame = self.streams.liar, self.frame
+        sent = out if liar is None else liar.in_transit(liar.corrupt(out, frame.pos0, frame.steps))
+        self.pushed = await self.session.push.send(frame, sent, self.streams.after_push)
+
+
 def _reply(span: Span, frame: Forward, r: StepOutput, sampling: SamplingParams,
-           liar: Liar | None = None) -> Hidden | Token:
-    """The answer to a computed Forward: its hidden states, or on the last span the sampled token
-    (a test liar's corrupted hidden states, or tokens sampled from corrupted logits, instead:
-    swarm/peer/testlie.py).
+           liar: Liar | None = None, pushed: bool = False) -> Hidden | Token:
+    """The answer to a computed Forward: its hidden states (`pushed`: they went on to the next hop
+    too), or on the last span the sampled token (a test liar's corrupted hidden states, or tokens
+    sampled from corrupted logits, instead: swarm/peer/testlie.py).
 
     Raises:
         RequestError: the logits cannot be sampled (`swarm.sampling.sample`).
     """
     if not span.is_last:
         out = r.out if liar is None else liar.corrupt(r.out, frame.pos0, frame.steps)
-        return Hidden(step=frame.step, hidden=out, compute_ms=r.compute_ms,
+        return Hidden(step=frame.step, hidden=out, compute_ms=r.compute_ms, pushed=pushed,
                       receipt=receipt(frame.hidden, frame.token_ids))
     t0 = time.perf_counter()
     scored = r.out if liar is None or not liar.every else liar.corrupt(r.out, frame.pos0, frame.steps,

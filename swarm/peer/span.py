@@ -138,6 +138,7 @@ class Span:
 
     async def forward(self, slot: SessionSlot, pos0: int, hidden: np.ndarray, *, all_logits: bool,
                       steps: Sequence[int], finish: Callable[[StepOutput], object],
+                      then: Callable[[np.ndarray], Awaitable[None]] | None = None,
                       restore: tuple[int, bytes | None] | None = None, token_ids: np.ndarray | None = None):
         """Run `hidden` [n_tokens, n_embd] at `pos0` on the session, then advance it.
 
@@ -145,7 +146,9 @@ class Span:
         a span whose layers read them refuses a step without them (`rules.token_ids_refusal`).
 
         `finish` turns the step's output into the reply (the last span samples there) before the
-        session advances: a reply that cannot be made leaves the session where it was.
+        session advances: a reply that cannot be made leaves the session where it was. `then`, when
+        given, is awaited with the output rows first, as soon as they are computed (a push to the
+        next hop: it goes out before any of this peer's own work on the answer).
         `restore` (prefix length, snapshot hash; `Forward.restore`) first loads that prefix into the
         session's empty sequence; when the step then fails, the session is emptied again, so a
         refused first step leaves it as it was before the frame, not holding the prefix.
@@ -165,18 +168,19 @@ class Span:
             raise RequestError(why)
         if restore is None:
             return await self._step(slot, pos0, hidden, ids, all_logits=all_logits, steps=steps,
-                                    finish=finish)
+                                    finish=finish, then=then)
         await self.restore(slot, *restore)
         try:
             return await self._step(slot, pos0, hidden, ids, all_logits=all_logits, steps=steps,
-                                    finish=finish)
+                                    finish=finish, then=then)
         except SwarmError:
             await self.run(self.executor.clear, slot.seq_id)
             self.sessions.truncate(slot, 0)
             raise
 
     async def _step(self, slot: SessionSlot, pos0: int, hidden: np.ndarray, token_ids: np.ndarray | None, *,
-                    all_logits: bool, steps: Sequence[int], finish: Callable[[StepOutput], object]):
+                    all_logits: bool, steps: Sequence[int], finish: Callable[[StepOutput], object],
+                    then: Callable[[np.ndarray], Awaitable[None]] | None):
         self.sessions.check_forward(slot, pos0, hidden.shape[0])
         why = width_refusal(hidden.shape[1], self.executor.n_embd)
         if why is not None:
@@ -184,6 +188,8 @@ class Span:
         rows = np.ascontiguousarray(hidden, dtype=np.float32)
         out = await self.scheduler.step(slot.seq_id, pos0, rows, all_logits=all_logits, steps=steps,
                                         client=slot.owner, token_ids=token_ids)
+        if then is not None:
+            await then(out.out)
         reply = finish(out)
         self.sessions.advance(slot, hidden.shape[0], time.monotonic())
         return reply

@@ -27,7 +27,7 @@ class ScriptedSession:
         self.next = self.keep + 1
         return Rewind(len(PROMPT) + self.keep, StepResult(self.honest[self.keep]))
 
-    def decode(self, token: int) -> StepResult:
+    def decode(self, token: int, follow=None) -> StepResult:
         self.calls += 1
         if self.calls == self.rewind_at:
             raise self._rollback()

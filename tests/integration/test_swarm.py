@@ -6,8 +6,9 @@ The oracle for every output is llama-cpp-python's own whole-model greedy complet
 from __future__ import annotations
 
 import os
-
 import threading
+
+import pytest
 
 from swarm import Client
 from swarm.client.directory import DHTDirectory
@@ -198,3 +199,56 @@ def test_status_lists_the_spans_and_coverage(smol_swarm, smollm2_path):
         (10, 20, smol_swarm.started[1].peer_id),
         (20, 30, smol_swarm.started[2].peer_id),
     ]
+
+
+def test_the_next_decode_step_is_sent_ahead_once_and_read_by_the_next_call(smol_swarm, smollm2_path):
+    """`RemoteSession.decode(token, follow)`: when `follow` says the next call will decode the token
+    just sampled, that step goes out from the loop thread at once, and the next call only reads its
+    answer; never more than one step ahead, and none when `follow` says no."""
+    from swarm.client.telemetry import GenerationTelemetry
+    from swarm.sampling import SamplingParams
+
+    local = Client(str(smollm2_path), local=True, n_ctx=512, n_threads=1).generate(PROMPT, max_new_tokens=4)
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs) as client:
+        prompt = client.tokenizer.encode(PROMPT)
+        engine = client._engine  # noqa: SLF001 - the engine's sessions, as the generation loop drives them
+        session = engine.open_session(len(prompt) + 8, SamplingParams(), GenerationTelemetry("swarm"))
+        try:
+            t0 = session.prefill(prompt).token
+            t1 = session.decode(t0, follow=lambda t: True).token
+            assert session.settle() is None  # waits for the step sent ahead, whose token is t1
+            # the hops computed t0 and, ahead, t1 (nothing after it), so the route stands past t1
+            assert session.route.pos == len(prompt) + 2
+            assert [h.steps for h in session.route.telemetry.route] == [1 + 1 + 2] * 3
+        finally:
+            session.close()
+        session = engine.open_session(len(prompt) + 8, SamplingParams(), GenerationTelemetry("swarm"))
+        try:
+            t0 = session.prefill(prompt).token
+            t1 = session.decode(t0, follow=lambda t: True).token
+            t2 = session.decode(t1).token  # read from the step sent ahead: no step of its own
+            t3 = session.decode(t2, follow=lambda t: False).token
+            assert session.settle() is None
+            assert [t0, t1, t2, t3] == local.tokens
+            assert session.route.pos == len(prompt) + 3
+            assert [h.steps for h in session.route.telemetry.route] == [1 + 1 + 3] * 3
+            with pytest.raises(ValueError, match="sent ahead for token"):
+                t4 = session.decode(t3, follow=lambda t: True).token
+                session.decode(t4 + 1)
+        finally:
+            session.close()
+
+
+def test_a_stop_string_leaves_one_step_computed_ahead_and_the_text_as_without_it(smol_swarm, smollm2_path):
+    """The generation loop sends each decode step ahead unless the length or the end token rules
+    the next one out; a stop string ends the text with one step computed and never given out."""
+    full = Client(str(smollm2_path), local=True, n_ctx=512, n_threads=1).generate(PROMPT, max_new_tokens=24)
+    stop = full.text[len(full.text) // 2:][:6]
+    assert stop.strip() and stop in full.text
+    want = full.text[: full.text.index(stop)]
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs) as client:
+        got = client.generate(PROMPT, max_new_tokens=24, stop=[stop])
+    assert got.text == want
+    assert got.telemetry.finish_reason == "stop"
+    n = len(got.tokens)  # given out: the first from the prefill, then n - 1 decode steps
+    assert [h.steps for h in got.telemetry.route] == [1 + 1 + (n - 1) + 1] * 3

@@ -211,3 +211,26 @@ def test_record_announces_the_drain_unless_asked_not_to():
     span.drain.start("moving")
     assert span.record("p").sessions_free == 0
     assert span.record("p", draining=False).sessions_free == 2
+
+
+def test_then_gets_the_computed_rows_before_the_reply_is_made_and_the_session_advances():
+    """`Span.forward(then=...)` (a push to the next hop) is awaited with the step's output rows as
+    soon as they are computed: before `finish` builds the reply, and before the session's position
+    moves."""
+    async def main():
+        span = _span()
+        slot = await span.admit(b"s" * 16, "client", 32, 0.0)
+        order = []
+
+        async def then(rows):
+            order.append(("then", rows.tolist(), slot.pos))
+
+        def finish(r):
+            order.append(("finish", slot.pos))
+            return r.out
+
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        await span.forward(slot, 0, x, all_logits=False, steps=(), finish=finish, then=then)
+        assert order == [("then", (x + 1.0).tolist(), 0), ("finish", 0)] and slot.pos == 2
+
+    asyncio.run(main())
