@@ -15,6 +15,8 @@ import threading
 from swarm import eventloop
 from swarm.errors import SwarmError
 
+_STOP_WAIT_S = 10.0  # for the loop's tasks to end after cancellation, then for its thread to end
+
 
 class LoopThread:
     """An asyncio loop in a daemon thread; `run(coro)` executes a coroutine there and waits."""
@@ -51,6 +53,27 @@ class LoopThread:
         return threading.current_thread() is self._thread
 
     def stop(self) -> None:
-        """Stop the loop and join the thread."""
+        """Cancel the loop's remaining tasks, stop it, join the thread and close the loop (idempotent).
+
+        Closed here because a loop left open is finalized at interpreter exit, possibly after its
+        self-pipe socket: its `__del__` then prints a traceback on a clean exit. Must not be called
+        from the loop thread.
+        """
+        if self.loop.is_closed():
+            return
+        try:
+            self.run(self._cancel_tasks(), timeout_s=_STOP_WAIT_S)
+        except SwarmError:
+            pass  # a task that ignores cancellation: stop the loop under it anyway
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=_STOP_WAIT_S)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+    async def _cancel_tasks(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=_STOP_WAIT_S / 2)
+        await self.loop.shutdown_asyncgens()

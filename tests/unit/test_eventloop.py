@@ -36,3 +36,16 @@ def test_an_unknown_loop_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(eventloop.EVENT_LOOP_ENV, "Asyncio")
     with pytest.raises(SwarmError, match="must be 'uvloop' or 'asyncio', got 'Asyncio'"):
         eventloop.new_event_loop()
+
+
+def test_a_stopped_client_loop_thread_is_closed_with_its_tasks_cancelled():
+    # A loop left open is finalized at interpreter exit, possibly after its self-pipe socket, and
+    # its __del__ then printed a traceback under a clean CLI error (seen in CI).
+    from swarm.client.loop import LoopThread
+
+    thread = LoopThread()
+    forever = asyncio.run_coroutine_threadsafe(asyncio.sleep(3600), thread.loop)
+    thread.stop()
+    assert thread.loop.is_closed()
+    assert forever.cancelled()
+    thread.stop()  # idempotent
