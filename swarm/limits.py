@@ -71,6 +71,10 @@ PREFIX_HASH_BYTES = 32
 
 # ---- DHT records (swarm/dht) -----------------------------------------------------------------------
 
+EXPIRY_PERIODS = 2.5
+"""A peer's announcement lives this many of its refresh periods (swarm/peer/announce.py), so one lost
+refresh does not drop the peer."""
+
 MAX_RECORD_TTL_S = 600.0
 """Longest a DHT record may live past now, seconds: every node's storage (swarm/dht/storage.py) refuses
 a later expiration. Covers an announcement (2.5 announce periods: 75 s at the default 30 s period, so

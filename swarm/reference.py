@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from swarm.arch import arch_row
 from swarm.errors import UnsupportedArchitecture
+from swarm.ggml_bridge.gguf_header import scan
+from swarm.ggml_bridge.gguf_raw import tensor_bytes
 
 
 class ReferenceModel:
@@ -38,8 +41,10 @@ class ReferenceModel:
     """
 
     def __init__(self, path: Path, start: int = 0, end: int | None = None):
-        reader = GGUFReader(path)
-        self.meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+        # The project's header scan and raw tensor bytes, not gguf.GGUFReader: the reader parses every
+        # tokenizer string into its own array (18 of 30 s for Qwen's 151,936-token vocabulary).
+        header = scan(path)
+        self.meta = header.scalars
         arch = self.meta["general.architecture"]
         row = arch_row(arch)
         if not row.torch_reference:
@@ -52,10 +57,12 @@ class ReferenceModel:
         self.n_head_kv = int(self.meta[p + "attention.head_count_kv"])
         self.eps = float(self.meta[p + "attention.layer_norm_rms_epsilon"])
         self.rope_base = float(self.meta.get(p + "rope.freq_base", 10000.0))
-        wanted = {t.name: t for t in reader.tensors if self._wanted(t.name)}
+        with open(path, "rb") as f:  # an ndarray over the mapping, not np.memmap: no hook on every view
+            data = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
         self.w = {
-            name: torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
-            for name, t in wanted.items()
+            name: torch.from_numpy(np.array(
+                dequantize(tensor_bytes(data, t), GGMLQuantizationType(t.ggml_type)), dtype=np.float32))
+            for name, t in header.tensors.items() if self._wanted(name)
         }
         self.n_embd = self.w["token_embd.weight"].shape[1]
 

@@ -1,8 +1,9 @@
-"""Shared fixtures (the real models, fetched once into the user's model cache and verified; one span
-cache for every peer process) and the hook that marks each test with its cost (tests/helpers/markers.py)."""
+"""Shared fixtures (the real models, fetched once into the user's model cache and verified; the span
+and oracle caches every process of the run shares) and the hook that marks each test with its cost (tests/helpers/markers.py)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,11 +13,17 @@ from tests.helpers.markers import cost_markers
 
 
 @pytest.fixture(scope="session", autouse=True)
-def shared_span_cache(tmp_path_factory):
-    """Every peer process of the session slices each (model, span) once: they share one span cache
-    (`SWARM_SPAN_CACHE`), as peers on one machine may."""
+def shared_caches(tmp_path_factory):
+    """Caches shared by every process of the run: one span cache for every peer process
+    (`SWARM_SPAN_CACHE`: each (model, span) is sliced once, as peers on one machine may share it) and
+    the oracles' answers (`SWARM_ORACLE_CACHE`, tests/helpers/oracle.py: each computed once by the
+    pytest-xdist workers together)."""
+    base = tmp_path_factory.getbasetemp()
+    run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # a worker's is popen-gwN in it
     mp = pytest.MonkeyPatch()
-    mp.setenv("SWARM_SPAN_CACHE", str(tmp_path_factory.mktemp("shared_spans")))
+    for var, name in (("SWARM_SPAN_CACHE", "shared_spans"), ("SWARM_ORACLE_CACHE", "oracles")):
+        (run / name).mkdir(exist_ok=True)
+        mp.setenv(var, str(run / name))
     yield
     mp.undo()
 

@@ -7,6 +7,7 @@ import os
 
 from swarm.cli.args import add_peer_args, add_relay_args, byte_size, check_swarm_choice, layers, positive, relay_limits
 from swarm.models import DEFAULT_MODEL
+from swarm.peer.config import ServeConfig, check_config
 from swarm.peer.quotas import CLIENT_BYTES, CLIENT_STREAMS, MAX_BUFFERED_BYTES, MAX_STREAMS, ClientLimits
 
 
@@ -122,41 +123,48 @@ def _default_memory() -> int:
 
 
 def _serve(args) -> None:
-    from swarm.peer.server import ServeConfig, serve_forever
-
+    # Options are checked before the peer's own imports (libp2p, hivemind and the torch it imports:
+    # 2-3 s of CPU), so a mistyped flag is refused at once.
     check_swarm_choice(args)
-    serve_forever(
-        ServeConfig(
-            model=args.model,
-            layers=args.layers,
-            initial_peers=tuple(args.initial_peers),
-            host=args.host,
-            port=args.port,
-            bt_port=args.bt_port,
-            public_address=args.public_address,
-            data_dir=args.data_dir,
-            max_sessions=args.max_sessions,
-            cache_tokens=args.cache_tokens,
-            n_threads=args.threads,
-            memory_bytes=args.memory if args.memory is not None else _default_memory(),
-            max_layers=args.max_layers,
-            announce_period_s=args.announce_period,
-            public_name=args.public_name,
-            rebalance_period_s=args.rebalance_period,
-            prefix_cache_bytes=args.prefix_cache_bytes,
-            prefix_disk_bytes=args.prefix_disk_bytes,
-            debug_tamper_snapshots=args.debug_tamper_snapshots,
-            debug_die_after_pushes=args.debug_die_after_pushes,
-            metrics_port=args.metrics_port,
-            direct_port=None if args.no_direct else args.direct_port,
-            reachability=args.reachability,
-            relay=args.relay,
-            port_mapping=args.port_mapping,
-            relay_service=not args.no_relay_service,
-            relay_port=args.relay_port,
-            relay_limits=relay_limits(args),
-            limits=ClientLimits(args.client_sessions, args.client_kv_tokens, args.client_streams,
-                                args.client_bytes, args.max_streams, args.max_buffered_bytes),
-            **({} if args.inline_max_ms is None else {"inline_max_ms": args.inline_max_ms}),
-        )
+    cfg = _config(args)
+    check_config(cfg)
+    from swarm.peer.server import serve_forever
+
+    serve_forever(cfg)
+
+
+def _config(args) -> ServeConfig:
+    """The parsed `serve` arguments as a `ServeConfig` (not checked yet)."""
+    return ServeConfig(
+        model=args.model,
+        layers=args.layers,
+        initial_peers=tuple(args.initial_peers),
+        host=args.host,
+        port=args.port,
+        bt_port=args.bt_port,
+        public_address=args.public_address,
+        data_dir=args.data_dir,
+        max_sessions=args.max_sessions,
+        cache_tokens=args.cache_tokens,
+        n_threads=args.threads,
+        memory_bytes=args.memory if args.memory is not None else _default_memory(),
+        max_layers=args.max_layers,
+        announce_period_s=args.announce_period,
+        public_name=args.public_name,
+        rebalance_period_s=args.rebalance_period,
+        prefix_cache_bytes=args.prefix_cache_bytes,
+        prefix_disk_bytes=args.prefix_disk_bytes,
+        debug_tamper_snapshots=args.debug_tamper_snapshots,
+        debug_die_after_pushes=args.debug_die_after_pushes,
+        metrics_port=args.metrics_port,
+        direct_port=None if args.no_direct else args.direct_port,
+        reachability=args.reachability,
+        relay=args.relay,
+        port_mapping=args.port_mapping,
+        relay_service=not args.no_relay_service,
+        relay_port=args.relay_port,
+        relay_limits=relay_limits(args),
+        limits=ClientLimits(args.client_sessions, args.client_kv_tokens, args.client_streams,
+                            args.client_bytes, args.max_streams, args.max_buffered_bytes),
+        **({} if args.inline_max_ms is None else {"inline_max_ms": args.inline_max_ms}),
     )

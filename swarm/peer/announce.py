@@ -17,6 +17,7 @@ from swarm.dht.clockwatch import clock_targets, measure_clock
 from swarm.dht.node import SwarmDHT
 from swarm.dht.records import MAX_ADDRS, Announcement
 from swarm.errors import SwarmError
+from swarm.limits import EXPIRY_PERIODS
 from swarm.peer.quotas import ClientLimits
 from swarm.netaddr import listen_port
 from swarm.peer.span import Span
@@ -26,8 +27,6 @@ from swarm.wire import PROTOCOL_GENERATION
 
 logger = logging.getLogger(__name__)
 
-EXPIRY_PERIODS = 2.5
-"""A record lives this many refresh periods, so one lost refresh does not drop the peer."""
 
 
 class Announcer:

@@ -9,11 +9,10 @@ from dataclasses import dataclass
 
 from swarm.dht.records import MAX_PUBLIC_NAME_CHARS
 from swarm.errors import AddressError, SwarmError
-from swarm.limits import MAX_CONTEXT_TOKENS, MAX_LAYERS, MAX_RECORD_TTL_S
-from swarm.peer.announce import EXPIRY_PERIODS
+from swarm.limits import EXPIRY_PERIODS, MAX_CONTEXT_TOKENS, MAX_LAYERS, MAX_RECORD_TTL_S
 from swarm.netaddr import NetConfig, check_net_config
 from swarm.peer.quotas import ClientLimits, limits_refusal
-from swarm.peer.scheduler import INLINE_MAX_MS
+from swarm.peer.step_plan import INLINE_MAX_MS
 from swarm.portmap_rules import MODES as PORT_MAPPING_MODES
 from swarm.relay.rules import RELAY_MODES, RelayLimits
 from swarm.reach_rules import MODES
@@ -67,7 +66,7 @@ class ServeConfig:
         relay_port: TCP port on `host` of the relay service (0: any free port).
         relay_limits: the relay service's budget, announced in its offer.
         inline_max_ms: units of executor work measured under this many ms run on the event loop
-            thread (`swarm.peer.scheduler.INLINE_MAX_MS`); benchmarks vary it.
+            thread (`swarm.peer.step_plan.INLINE_MAX_MS`); benchmarks vary it.
         limits: what one remote client may hold (sessions, KV tokens, streams, frame bytes in
             flight) and the caps over all clients (`swarm.peer.quotas.ClientLimits`); announced.
     """

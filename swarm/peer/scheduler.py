@@ -54,12 +54,9 @@ import numpy as np
 from swarm.errors import ExecutorError, ExecutorInterrupted
 from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
 from swarm.peer.step_plan import (
-    ClientUsage, CostModel, Due, FairnessMeter, Pending, Unit, hold_ms, plan_next, preempts,
+    INLINE_MAX_MS, ClientUsage, CostModel, Due, FairnessMeter, Pending, Unit, hold_ms, plan_next, preempts,
 )
 
-INLINE_MAX_MS = 10.0
-"""Units expected to compute in less than this many ms run on the event loop thread: the longest a
-ping or another stream's frame waits for one unit."""
 GAP_SAMPLES = 5
 """A client's return gap is the median of its last this many gaps."""
 MAX_TRACKED_GAPS = 1024

@@ -67,6 +67,10 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Literal, Mapping, Sequence
 
+INLINE_MAX_MS = 10.0
+"""Units expected to compute in less than this many ms run on the event loop thread: the longest a
+ping or another stream's frame waits for one unit."""
+
 MAX_TRACKED_CLIENTS = 1024
 """Clients whose usage is remembered; a forgotten one counts as new (usage 0)."""
 EWMA_WEIGHT = 0.2

@@ -4,7 +4,8 @@ swarm, span chain and local backend output is compared with.
 Every oracle runs under the numeric contract (swarm/numeric.py): flash attention, one sequence, the
 prompt in ubatches of `UBATCH_TOKENS` rows from position 0 (llama.cpp n_ubatch), each generated token
 decoded alone on 1 thread (llama.cpp n_threads = 1; the prompt's ubatches run on n_threads_batch).
-Three kinds, each computed once per session for the same inputs, each loading a model once:
+Three kinds, each computed once per session for the same inputs, each loading a model once (the text
+and token oracles once per run: the pytest-xdist workers share them through `$SWARM_ORACLE_CACHE`):
 - `oracle(path, prompt, n)`: the greedy completion text (`create_completion`, temperature 0).
 - `logits_oracle(path)`: logits of every prompt token, then N_DECODE greedy steps (the parity tests').
 - `contract_tokens(path, prompt_ids, n, temperature, seed)`: the token ids a generation gives, greedy
@@ -16,7 +17,11 @@ answer is the one a freshly loaded model gives. This module does not start peers
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +46,35 @@ PROMPT = (
 )
 
 
+def _run_cache(fn):
+    """`functools.cache`, shared with the run's other processes (pytest-xdist workers) through files in
+    `$SWARM_ORACLE_CACHE` when it is set (tests/conftest.py): the first process to ask computes the
+    answer holding a lock on its entry, the others wait for it and read it. The key is the function,
+    its JSON arguments (the model's path first) and the model file's size and mtime; the answer is
+    JSON (a text, or token ids given back as a tuple)."""
+
+    @functools.cache
+    def cached(*args):
+        root = os.environ.get("SWARM_ORACLE_CACHE")
+        if not root:
+            return fn(*args)
+        st = os.stat(args[0])
+        key = hashlib.sha256(json.dumps([fn.__name__, st.st_size, st.st_mtime_ns, *args]).encode()).hexdigest()
+        entry = Path(root) / f"{key}.json"
+        with open(entry.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if entry.exists():
+                value = json.loads(entry.read_text())
+            else:
+                value = fn(*args)
+                part = entry.with_suffix(".part")
+                part.write_text(json.dumps(value))
+                os.replace(part, entry)
+        return tuple(value) if isinstance(value, list) else value
+
+    return cached
+
+
 @functools.cache
 def _llama(path: str, n_ctx: int, n_threads: int) -> llama_cpp.Llama:
     """One loaded model per (file, context, prompt threads) for the session; held until the process
@@ -49,7 +83,7 @@ def _llama(path: str, n_ctx: int, n_threads: int) -> llama_cpp.Llama:
                            n_ubatch=UBATCH_TOKENS, flash_attn=True, verbose=False)
 
 
-@functools.cache
+@_run_cache
 def _completion(path: str, prompt: str, n: int, n_ctx: int, n_threads: int) -> str:
     llm = _llama(path, n_ctx, n_threads)
     llm.reset()  # no prefix reuse: the prompt is evaluated from position 0, as by a fresh model
@@ -126,7 +160,7 @@ def logits_oracle(model_path: Path | str, text: str = PROMPT) -> Oracle:
     return _logits_oracle(str(model_path), text)
 
 
-@functools.cache
+@_run_cache
 def _contract_tokens(path: str, prompt: tuple[int, ...], n: int, temperature: float, seed: int) -> tuple[int, ...]:
     llm = _llama(path, 2048, N_THREADS)
     llm.reset()

@@ -21,7 +21,7 @@ from swarm.client.connection import SwarmConnection
 from swarm.client.status import swarm_status
 from swarm.dht.node import get_dht_time
 from swarm.manifest import build_manifest
-from swarm.peer.announce import EXPIRY_PERIODS
+from swarm.limits import EXPIRY_PERIODS
 
 from tests.helpers.oracle import oracle
 from tests.helpers.peers import PeerSet, serve_args, wait_for

@@ -19,7 +19,7 @@ from swarm.client.connection import SwarmConnection
 from swarm.dht.records import Announcement, announcements_key
 from swarm.dht.validation import is_announcement_subkey, owner_public_key
 from swarm.manifest import build_manifest
-from swarm.peer.announce import EXPIRY_PERIODS
+from swarm.limits import EXPIRY_PERIODS
 from swarm.peerid import peer_id_of_public_key
 from swarm.wire import Close, encode_frame
 

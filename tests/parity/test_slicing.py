@@ -19,14 +19,13 @@ from swarm.ggml_bridge.slicing import arch_metadata, build_span, default_cache_d
 from swarm.models import resolve_model
 
 
-def fields(path: Path) -> dict:
-    r = GGUFReader(path)
+def fields(r: GGUFReader) -> dict:
     return {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.") or
             k == "tokenizer.ggml.model"}
 
 
-def tensor_names(path: Path) -> set[str]:
-    return {t.name for t in GGUFReader(path).tensors}
+def tensor_names(r: GGUFReader) -> set[str]:
+    return {t.name for t in r.tensors}
 
 
 def test_arch_rows():
@@ -44,16 +43,17 @@ def test_non_final_span_has_renumbered_blocks_and_no_vocab(tmp_path):
     path = resolve_model("smollm2-135m")
     span = build_span(path, 10, 20, cache_dir=tmp_path, model_id="ab" * 32)
     assert span == tmp_path / f"{'ab' * 8}-10-20.gguf"
-    meta = fields(span)
+    reader = GGUFReader(span)
+    meta = fields(reader)
     assert meta["llama.block_count"] == 10
     assert meta["tokenizer.ggml.model"] == "no_vocab"
     assert meta["llama.vocab_size"] == 1
     assert (meta["swarm.span.start"], meta["swarm.span.end"], meta["swarm.span.n_layers"]) == (10, 20, 30)
-    names = tensor_names(span)
+    names = tensor_names(reader)
     assert {f"blk.{i}.attn_q.weight" for i in range(10)} <= names
     assert "blk.10.attn_q.weight" not in names
     src = {t.name: t for t in GGUFReader(path).tensors}
-    out = {t.name: t for t in GGUFReader(span).tensors}
+    out = {t.name: t for t in reader.tensors}
     assert np.array_equal(np.asarray(out["blk.0.ffn_down.weight"].data),
                           np.asarray(src["blk.10.ffn_down.weight"].data))
     assert list(out["token_embd.weight"].shape) == [576, 1]
@@ -63,12 +63,12 @@ def test_non_final_span_has_renumbered_blocks_and_no_vocab(tmp_path):
 def test_final_span_keeps_vocab_and_head(tmp_path):
     path = resolve_model("smollm2-135m")
     span = build_span(path, 25, 30, cache_dir=tmp_path)
-    meta = fields(span)
+    reader = GGUFReader(span)  # seconds per read: the reader parses the whole vocabulary
+    meta = fields(reader)
     assert meta["llama.block_count"] == 5
     assert meta["tokenizer.ggml.model"] == "gpt2"
-    names = tensor_names(span)
-    assert {"output_norm.weight", "token_embd.weight"} <= names  # tied head: token_embd is the head
-    assert list({t.name: t for t in GGUFReader(span).tensors}["token_embd.weight"].shape) == [576, 49152]
+    assert {"output_norm.weight", "token_embd.weight"} <= tensor_names(reader)  # tied head: token_embd is the head
+    assert list({t.name: t for t in reader.tensors}["token_embd.weight"].shape) == [576, 49152]
 
 
 def test_cache_reuse_and_bad_spans(tmp_path):
@@ -87,7 +87,7 @@ def test_cache_reuse_and_bad_spans(tmp_path):
 def test_gemma_sliding_window_pattern_written_per_layer(tmp_path):
     path = resolve_model("gemma3-270m")
     span = build_span(path, 4, 11, cache_dir=tmp_path)
-    pattern = fields(span)["gemma3.attention.sliding_window_pattern"]
+    pattern = fields(GGUFReader(span))["gemma3.attention.sliding_window_pattern"]
     # whole model: layer il is sliding iff il % 6 < 5; layers 5 and 11 are global
     assert pattern == [True, False, True, True, True, True, True]
 
