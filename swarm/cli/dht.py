@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from swarm.cli.args import add_peer_args, add_relay_args, relay_limits
+from swarm.cli.args import add_peer_args, add_relay_args, net, relay_limits
+from swarm.netaddr import check_net_config
 
 
 def register(sub) -> None:
@@ -14,6 +15,7 @@ def register(sub) -> None:
 
 
 def _dht(args) -> None:
+    check_net_config(net(args))  # before the node's imports (hivemind, torch: 2-3 s), as `serve`
     from swarm.dht.node import run_dht_only
 
     from functools import partial

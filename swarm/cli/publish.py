@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from swarm.cli.args import add_peer_args, check_swarm_choice, net
+from swarm.netaddr import check_net_config
 
 
 def register(sub) -> None:
@@ -17,7 +18,8 @@ def register(sub) -> None:
 
 
 def _publish(args) -> None:
+    check_swarm_choice(args)
+    check_net_config(net(args))  # before the publisher's imports (hivemind, torch: 2-3 s), as `serve`
     from swarm.artifacts.publisher import run_publisher
 
-    check_swarm_choice(args)
     run_publisher(args.model, args.initial_peers, net(args), args.data_dir)
