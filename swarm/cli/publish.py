@@ -19,7 +19,7 @@ def register(sub) -> None:
 
 def _publish(args) -> None:
     check_swarm_choice(args)
-    check_net_config(net(args))  # before the publisher's imports (hivemind, torch: 2-3 s), as `serve`
+    addresses = check_net_config(net(args))  # before the publisher's imports (hivemind, torch: 2-3 s), as `serve`
     from swarm.artifacts.publisher import run_publisher
 
-    run_publisher(args.model, args.initial_peers, net(args), args.data_dir)
+    run_publisher(args.model, args.initial_peers, addresses, args.data_dir)
