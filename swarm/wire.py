@@ -70,7 +70,7 @@ from swarm.limits import (
 )
 from swarm.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
-PROTOCOL_GENERATION = 8
+PROTOCOL_GENERATION = 9
 """Version of every frame below; a peer refuses frames of any other generation.
 
 2: prefix KV snapshots (`Open.prefixes`, `OpenOk.restorable` / `fetched_from`, `Forward.restore`).
@@ -83,7 +83,11 @@ PROTOCOL_GENERATION = 8
    (`receipt`), so a client can check a push chain end to end; and speculative decoding:
    `Forward.verify` (the last span samples every row), `Token.tokens`, `OpenOk.verify_rows`.
 7: `Forward.token_ids`, the rows' token ids after the tensor bytes (deepseek4's hash-routed layers
-   pick experts by token id: the arch row's `token_ids` sideband); empty for other models."""
+   pick experts by token id: the arch row's `token_ids` sideband); empty for other models.
+8: `Forward.want_draft` and `Token.draft`: the last span's multi-token-prediction head's draft.
+9: no frame changed; a span whose cache cannot truncate (recurrent or compressed state) rolls back
+   the rows of a verify pass from the state it exported before it (swarm/peer/checkpoints.py), so
+   clients speculate on those models too. A generation-8 peer refused those rewinds."""
 
 RECEIPT_BYTES = 16
 """Size of a step's receipt (BLAKE2b-128 of its input rows)."""

@@ -16,7 +16,8 @@ def register(sub) -> None:
     ap.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000; 0: any free port)")
     ap.add_argument("--threads", type=int, default=None, help="prompt threads (--local; each generated token runs on 1)")
     ap.add_argument("--draft", default="lookup", metavar="DRAFT",
-                    help="guesses of requests with \"speculate\": lookup (prompt lookup, the default), self "
+                    help="guesses of requests with \"speculate\": lookup (prompt lookup, the default), mtp "
+                         "(the model's multi-token-prediction head, on the last peer), self "
                          "(the model requantized to Q3_K_M, run here), self:TYPE, or a draft .gguf path")
     ap.add_argument("--status-period", type=float, default=2.0, help="seconds between health-page reads")
     ap.set_defaults(func=_api)

@@ -32,7 +32,8 @@ def register(sub) -> None:
                    help="speculative decoding with up to K drafted tokens per pass (swarm only; same text)")
     c.add_argument("--draft", default="lookup", metavar="DRAFT",
                    help="with --speculate: where the guesses come from: lookup (prompt lookup, the "
-                        "default), self (the model requantized to Q3_K_M, run here), self:TYPE, or "
+                        "default), mtp (the model's own multi-token-prediction head, on the last peer), "
+                        "self (the model requantized to Q3_K_M, run here), self:TYPE, or "
                         "the path of a draft .gguf with the model's tokenizer")
     c.add_argument("--fixed-k", action="store_true",
                    help="with --speculate: always draft up to K, instead of the K (0 included) that the "

@@ -17,7 +17,7 @@ from swarm.errors import RequestError
 from swarm.limits import MAX_CONTEXT_TOKENS
 from swarm.models import DEFAULT_MODEL, is_model_id, resolve_model
 from swarm.sampling import SamplingParams
-from swarm.spec.draft import Draft, PromptLookup
+from swarm.spec.draft import Draft, HeadDrafts, PromptLookup
 
 
 class Client:
@@ -43,11 +43,13 @@ class Client:
         draft: where `speculate` gets its guesses (swarm only): "lookup" (default), prompt lookup,
             no model; "self", the model requantized to Q3_K_M and run greedily in this process
             (made once into the cache, swarm/client/draftmodel.py); "self:TYPE", another type
-            (Q2_K, Q4_0, ...); or the path of a draft GGUF with the model's tokenizer.
+            (Q2_K, Q4_0, ...); "mtp", the model's own multi-token-prediction head, served on the
+            route's last span (one drafted token per pass; models whose GGUF keeps MTP blocks the
+            swarm serves: deepseek4); or the path of a draft GGUF with the model's tokenizer.
         draft_threads: the draft model's llama.cpp threads; default 1.
     Raises:
-        RequestError: prefill_chunk_tokens off the grid (`swarm.numeric.check_chunk_tokens`), or a
-            draft model with local=True.
+        RequestError: prefill_chunk_tokens off the grid (`swarm.numeric.check_chunk_tokens`), a
+            draft other than lookup with local=True, or "mtp" for a model without a served MTP head.
         ModelError: the model cannot be found, fetched or loaded; the draft model cannot be made or
             loaded, or its tokenizer is not the model's.
         NoRoute: (swarm) no chain of peers covers every layer.
@@ -74,16 +76,17 @@ class Client:
         self.pipeline_speculation = pipeline_speculation
         if not isinstance(draft, str) or not draft:
             raise RequestError(
-                f"draft must be 'lookup', 'self', 'self:TYPE' or a .gguf path, got {draft!r:.80}"
+                f"draft must be 'lookup', 'mtp', 'self', 'self:TYPE' or a .gguf path, got {draft!r:.80}"
             )
         if local and draft != "lookup":
             raise RequestError("a draft model speculates over the swarm: local=True has no route to "
                                "save round trips on")
-        if draft != "lookup":
+        if draft not in ("lookup", "mtp"):
             from swarm.client.draftmodel import check_draft_option
 
             check_draft_option(draft)  # before joining the swarm: a bad option costs nothing
         self._draft_weights = None
+        self._head_drafts = draft == "mtp"
         if local:
             from swarm.client.local import LocalEngine, open_local_model
 
@@ -98,7 +101,9 @@ class Client:
                 model, list(initial_peers), prefill_chunk_tokens=prefill_chunk_tokens
             )
             self._backend = "swarm"
-            if draft != "lookup":
+            if self._head_drafts:
+                self._use_head_drafts()
+            elif draft != "lookup":
                 from swarm.client.draftmodel import load_draft
 
                 try:
@@ -221,9 +226,25 @@ class Client:
 
     def _draft(self, n_tokens: int) -> Draft:
         """A new draft for one generation of at most `n_tokens` tokens (prompt + generated)."""
+        if self._head_drafts:
+            return HeadDrafts()
         if self._draft_weights is None:
             return PromptLookup()
         return self._draft_weights.draft(n_tokens)
+
+    def _use_head_drafts(self) -> None:
+        """Ask the route's last span for its MTP head's drafts (`draft="mtp"`).
+
+        Raises:
+            RequestError: the model has no MTP block, or the swarm does not serve its architecture's
+                head (`ArchRow.mtp_head`).
+        """
+        manifest = self._engine.manifest
+        if not manifest.mtp_head_tensors():
+            self.close()
+            raise RequestError(f"draft 'mtp': the model ({manifest.arch}) has no multi-token-prediction "
+                               "head that the swarm serves; use lookup, self or a draft .gguf")
+        self._engine.mtp_drafts = True
 
     def close(self) -> None:
         """Release the swarm connection (a no-op for the local backend)."""

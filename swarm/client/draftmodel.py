@@ -175,12 +175,13 @@ def self_draft(target: Path, model_id: str, qtype: str = SELF_DRAFT_TYPE,
 
 def check_draft_option(draft: str) -> None:
     """Refuse a draft option that cannot work, before anything is loaded or joined: an unknown
-    self-draft type, or a draft path that is not a GGUF file ("lookup" passes).
+    self-draft type, or a draft path that is not a GGUF file ("lookup" and "mtp" pass; whether the
+    model has an MTP head is known once the swarm's manifest is: `Client`).
 
     Raises:
         ModelError: as said; the message names the accepted values.
     """
-    if draft == "lookup":
+    if draft in ("lookup", "mtp"):
         return
     if draft == "self" or draft.startswith("self:"):
         qtype = draft.partition(":")[2] or SELF_DRAFT_TYPE
@@ -191,7 +192,7 @@ def check_draft_option(draft: str) -> None:
         check_gguf(Path(draft).expanduser())
     except ModelError as e:
         raise ModelError(
-            f"draft {draft!r}: {e} (a draft is lookup, self, self:TYPE or a .gguf path)"
+            f"draft {draft!r}: {e} (a draft is lookup, mtp, self, self:TYPE or a .gguf path)"
         ) from None
 
 

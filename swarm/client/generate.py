@@ -9,9 +9,9 @@ Speculative decoding (`GenerationRequest.speculation`): before each decode step 
 draft for up to k tokens (`swarm.spec.verify.draft_budget`; by default the k that this generation's
 measurements say is fastest, 0 included: swarm/spec/policy.py); with a draft, the engine session's
 `verify` checks them in one pass and yields 1..k+1 tokens, each the token plain decoding would have
-produced; without one, it decodes one token. Only engine sessions with `verify` (the swarm's) can,
-and only on an engine whose sessions can roll rejected rows back (`rollback_exact`, default True):
-on another (a model whose peers keep a recurrent or compressed state) the request decodes plainly.
+produced; without one, it decodes one token. Only engine sessions with `verify` (the swarm's) can;
+on a model whose peers keep a recurrent or compressed state, each hop rolls rejected rows back from
+the state it exported before the pass (swarm/peer/checkpoints.py).
 Pipelining (`Speculation.pipeline`): where a pass is likely to keep every draft, `verify` is given a
 guess of the next pass (the token after the draft, then drafts after it), which the session sends
 right behind the pass while it travels; when the pass kept every draft and the guess held, the
@@ -187,6 +187,8 @@ class TokenStream:
         """The latest rewind's token position and replaced tokens, for its `Correction`."""
         self._draft_lock = threading.Lock()
         self._draft_closed = False
+        if req.speculation is not None and hasattr(req.speculation.draft, "attach"):
+            req.speculation.draft.attach(self.telemetry)  # a draft of the route's own answers
         self._t0 = self._last = 0.0  # perf_counter s: the start, and the latest token
         self._iter = self._run()
 
@@ -301,8 +303,6 @@ class TokenStream:
         taken into `self.tokens` before the next is asked for (the draft reads them); a `Rewind` of
         the session comes before the token it yields."""
         spec = self._req.speculation
-        if not getattr(self._engine, "rollback_exact", True):
-            spec = None  # a verify pass keeps the accepted rows by rolling the rest back: not here
         verify = getattr(session, "verify", None) if spec is not None else None
         if spec is not None:
             if verify is None:

@@ -76,10 +76,11 @@ class RemoteEngine:
             standing (route pricing), where evidence of caught peers goes (`swarm status` reads it).
         settle_checks: a session's close waits for its checks in flight (tests, benchmarks).
         mtp_drafts: ask the last span for its multi-token-prediction head's draft after every kept
-            token (`Forward.want_draft`; `GenerationTelemetry.mtp_drafts`). The generation loop
-            does not speculate with them yet: a span serving the head cannot roll its sequence back.
-        rollback_exact: the model's hops can roll a sequence back (`ArchRow.rollback_exact`); the
-            generation loop speculates only then (verify passes roll rejected rows back).
+            token (`Forward.want_draft`; `GenerationTelemetry.mtp_drafts`), which `HeadDrafts`
+            (swarm/spec/draft.py, `Client(draft="mtp")`) proposes for speculation.
+        rollback_exact: the model's hops can roll a sequence back to any position
+            (`ArchRow.rollback_exact`); without it they roll back only a verify pass's rows, from
+            the state exported before it (swarm/peer/checkpoints.py), and offer no prefixes.
     """
 
     def __init__(

@@ -68,10 +68,11 @@ to every hop, on every path: steps, verify passes, replays of recorded steps, re
 spot checks' recomputations. Receipts then cover the ids too (`swarm.wire.receipt`).
 
 Rollback that is not exact (`SessionSpec.rollback_exact` False: a recurrent or compressed state,
-which llama.cpp cannot cut back into a sequence): no step may roll a hop back. Speculation is off
-for such models (swarm/client/generate.py), and where a hop may hold rows past the step (a hop
-failed mid-step on a pushed route, or a receipt broke the chain), the whole route is rebuilt and
-replayed into fresh sessions instead of relaying the step with `Forward.rewind`.
+which llama.cpp cannot cut back into a sequence): a hop rolls back only the rows of a verify pass
+(and a pass sent ahead), from the state it exported before the pass (swarm/peer/checkpoints.py), so
+speculation works as on other models. Where a hop may hold rows past a step that was not a verify
+pass (a hop failed mid-step on a pushed route, or a receipt broke the chain), the whole route is
+rebuilt and replayed into fresh sessions instead of relaying the step with `Forward.rewind`.
 
 This module does not: read the DHT, encode frames to bytes, embed tokens, draft or sample. It is one
 concern (one generation's route and its failover) and stays one file past the house's ~400 lines:
@@ -457,8 +458,7 @@ class RouteSession:
         (`Forward.rewind`) before computing.
 
         Raises:
-            ValueError: n < 1 or more rows than the last step had, or fewer rows than it had on a
-                model whose hops cannot roll back (`spec.rollback_exact` False: no speculation there).
+            ValueError: n < 1 or more rows than the last step had.
         """
         n_last = self.pos - self._last_pos0
         if not 1 <= n <= n_last:
@@ -466,12 +466,12 @@ class RouteSession:
         new_pos = self._last_pos0 + n
         if new_pos == self.pos:
             return
-        if not self.spec.rollback_exact:
-            raise ValueError(f"keep {n} rows of a step of {n_last}: this model's hops cannot roll back")
         for hop in self._hops:
             drop_rows(hop.inputs, self.pos - new_pos)
             for p in [p for p in hop.claims if p > new_pos]:  # answers to the rejected rows
                 del hop.claims[p]
+        for p in [p for p in self.telemetry.mtp_drafts if p > new_pos]:  # guessed after rejected rows
+            del self.telemetry.mtp_drafts[p]
         self.pos, self._stale = new_pos, True
 
     async def close(self) -> None:

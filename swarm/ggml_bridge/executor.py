@@ -248,6 +248,13 @@ class SpanExecutor:
         """`interrupt` can stop a step (`ExecutorConfig.interruptible`)."""
         return self._config.interruptible
 
+    @property
+    def can_truncate(self) -> bool:
+        """`truncate` can cut the sequence back to any earlier position: the architecture's cache
+        rolls back exactly (`ArchRow.rollback_exact`, recorded as `ExecutorConfig.interruptible`, which
+        needs the same). False for a recurrent or compressed state: only a clear (position 0)."""
+        return self._config.interruptible
+
     def interrupt(self, on: bool = True) -> None:
         """Ask a `forward` running on another thread to stop (on=True), or let forwards run again.
 

@@ -19,6 +19,8 @@ Files:
                  stay cheap for a light client) and when to hold one back for a light client's step
     exact_rows.py the verify group of a span: rows of one session's step computed exactly as one-row
                  steps, probed at load (speculative decoding)
+    checkpoints.py rollback of a verify pass's rows on a span whose cache cannot truncate (recurrent
+                 or compressed state): the state exported before the pass, the rows after it
     announce.py  the span's DHT announcement: periodic refresh, withdrawal on shutdown
     metrics.py   `--metrics-port`: Prometheus metrics of the span (sessions, frames, reply latency)
     rebalance.py a peer's periodic re-evaluation of its span: drain, then move, when placement says so

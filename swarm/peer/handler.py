@@ -266,7 +266,7 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
         reply = await span.forward(slot, frame.pos0, frame.hidden, all_logits=all_logits, steps=frame.steps,
                                    finish=lambda out: _reply(span, frame, out, session.sampling, streams.liar,
                                                              pushed=push is not None and push.pushed),
-                                   then=push, restore=restore, token_ids=frame.token_ids)
+                                   then=push, restore=restore, token_ids=frame.token_ids, verify=frame.verify)
         if frame.want_draft and isinstance(reply, Token) and span.has_mtp:
             t0 = time.perf_counter()
             draft = await span.mtp_draft(slot, reply.token)

@@ -3,8 +3,9 @@ service, and every operation that must keep the table and the executor's KV cach
 
 Each operation asks the table (or a pure rule of swarm/peer/rules.py) and applies to the executor
 in one place: admit (clears the sequence ids it hands out), forward (checks, computes, advances),
-truncate (the cache first, then the table), restore (imports a prefix snapshot), release (clears
-the sequence, wakes a drain), swap (the executor of another span when the peer moves) and the
+truncate (the cache first, then the table; on a span whose cache cannot truncate, from the
+checkpoint taken before a verify pass: swarm/peer/checkpoints.py), restore (imports a prefix
+snapshot), release (clears the sequence, wakes a drain), swap (the executor of another span when the peer moves) and the
 record it announces. The table is touched only from the event loop; the executor only through the
 scheduler, under `lock`.
 
@@ -24,6 +25,7 @@ import numpy as np
 from swarm.errors import ExecutorError, RequestError, SwarmError
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.sessions import SessionSlot, SessionTable
+from swarm.peer.checkpoints import Checkpoints, replay
 from swarm.peer.exact_rows import exact_batch_cap, probe_exact_step_rows
 from swarm.peer.rebalance import Drain
 from swarm.peer.rules import (
@@ -61,6 +63,8 @@ class Span:
         shutting_down: set on SIGTERM; new sessions are refused with SHUTTING_DOWN.
         lock: held around every unit of executor work, and while the executor is swapped.
         pool: the executor thread for long calls.
+        checkpoints: the sessions' states before their verify passes, on a span whose cache cannot
+            truncate (`SpanExecutor.can_truncate` False); unused on others.
     """
 
     def __init__(self, model_id: str, start: int, end: int, executor: SpanExecutor, sessions: SessionTable, *,
@@ -78,6 +82,7 @@ class Span:
                                        chunk_tokens=executor.n_batch, inline_max_ms=inline_max_ms)
         self.throughput = Throughput(0.0, 0.0)
         self.verify_rows = 1
+        self.checkpoints = Checkpoints()
         self._measure = measure
 
     @classmethod
@@ -130,16 +135,19 @@ class Span:
         """
         admission = self.sessions.admit(session_id, owner, max_tokens, now_s)
         for seq_id in admission.evicted_seq_ids:
+            self.checkpoints.forget(seq_id)
             await self.run(self.executor.clear, seq_id)
         # A seq id can come back from a session that ended abnormally; start from an empty cache.
         # In the owner's turn: its Open is its own work, and its first step is due right after.
+        self.checkpoints.forget(admission.slot.seq_id)
         await self.run(self.executor.clear, admission.slot.seq_id, client=owner)
         return admission.slot
 
     async def forward(self, slot: SessionSlot, pos0: int, hidden: np.ndarray, *, all_logits: bool,
                       steps: Sequence[int], finish: Callable[[StepOutput], object],
                       then: Callable[[np.ndarray], Awaitable[None]] | None = None,
-                      restore: tuple[int, bytes | None] | None = None, token_ids: np.ndarray | None = None):
+                      restore: tuple[int, bytes | None] | None = None, token_ids: np.ndarray | None = None,
+                      verify: bool = False):
         """Run `hidden` [n_tokens, n_embd] at `pos0` on the session, then advance it.
 
         `token_ids` ([n_tokens] int32, or None / empty: none sent) go to the executor with the rows;
@@ -152,6 +160,8 @@ class Span:
         `restore` (prefix length, snapshot hash; `Forward.restore`) first loads that prefix into the
         session's empty sequence; when the step then fails, the session is emptied again, so a
         refused first step leaves it as it was before the frame, not holding the prefix.
+        `verify` (a verify pass, `Forward.verify`): on a span whose cache cannot truncate, the
+        session's state is exported first, so that its rejected rows can be rolled back (`truncate`).
 
         Returns:
             what `finish` returns.
@@ -168,11 +178,11 @@ class Span:
             raise RequestError(why)
         if restore is None:
             return await self._step(slot, pos0, hidden, ids, all_logits=all_logits, steps=steps,
-                                    finish=finish, then=then)
+                                    finish=finish, then=then, verify=verify)
         await self.restore(slot, *restore)
         try:
             return await self._step(slot, pos0, hidden, ids, all_logits=all_logits, steps=steps,
-                                    finish=finish, then=then)
+                                    finish=finish, then=then, verify=verify)
         except SwarmError:
             await self.run(self.executor.clear, slot.seq_id)
             self.sessions.truncate(slot, 0)
@@ -180,14 +190,20 @@ class Span:
 
     async def _step(self, slot: SessionSlot, pos0: int, hidden: np.ndarray, token_ids: np.ndarray | None, *,
                     all_logits: bool, steps: Sequence[int], finish: Callable[[StepOutput], object],
-                    then: Callable[[np.ndarray], Awaitable[None]] | None):
+                    then: Callable[[np.ndarray], Awaitable[None]] | None, verify: bool):
         self.sessions.check_forward(slot, pos0, hidden.shape[0])
         why = width_refusal(hidden.shape[1], self.executor.n_embd)
         if why is not None:
             raise RequestError(why)
         rows = np.ascontiguousarray(hidden, dtype=np.float32)
+        checkpoints = not self.executor.can_truncate
+        if checkpoints and verify:
+            self.checkpoints.add(slot.seq_id, pos0,
+                                 await self.run(self.executor.export_seq, slot.seq_id, client=slot.owner))
         out = await self.scheduler.step(slot.seq_id, pos0, rows, all_logits=all_logits, steps=steps,
                                         client=slot.owner, token_ids=token_ids)
+        if checkpoints:
+            self.checkpoints.record(slot.seq_id, pos0, rows, token_ids, steps, verify=verify)
         if then is not None:
             await then(out.out)
         reply = finish(out)
@@ -197,16 +213,32 @@ class Span:
     async def truncate(self, slot: SessionSlot, pos: int) -> None:
         """Drop the session's positions >= `pos`.
 
+        A span whose cache cannot truncate (a recurrent or compressed state) rolls back from a
+        checkpoint taken before a verify pass (swarm/peer/checkpoints.py), to 0 by clearing, and
+        refuses any other position.
+
         Raises:
             RequestError: `pos` is past the session's position or negative.
-            ExecutorError: the cache cannot roll back (the table still says where the cache is).
+            ExecutorError: the cache cannot roll back to `pos` (the table still says where the cache
+                is), or a rollback from a checkpoint failed (the session is then emptied).
         """
         why = truncate_refusal(pos, slot.pos)
         if why is not None:
             raise RequestError(why)
-        # the cache first: a recurrent state cannot roll back into a sequence (ArchRow.rollback_exact),
-        # and when the executor refuses, the table must still say where the cache is
-        await self.run(self.executor.truncate, slot.seq_id, pos, client=slot.owner)
+        rollback = None if self.executor.can_truncate or pos in (0, slot.pos) else \
+            self.checkpoints.plan(slot.seq_id, pos)
+        if rollback is None:
+            # the cache first: a recurrent state cannot roll back into a sequence (ArchRow.rollback_exact),
+            # and when the executor refuses, the table must still say where the cache is
+            await self.run(self.executor.truncate, slot.seq_id, pos, client=slot.owner)
+        else:
+            try:
+                await self.run(replay, self.executor, slot.seq_id, rollback, client=slot.owner)
+            except ExecutorError:
+                self.checkpoints.forget(slot.seq_id)
+                self.sessions.truncate(slot, 0)
+                raise
+        self.checkpoints.rolled_back(slot.seq_id, pos)
         self.sessions.truncate(slot, pos)
 
     async def restore(self, slot: SessionSlot, n: int, snapshot_hash: bytes | None) -> None:
@@ -222,6 +254,8 @@ class Span:
         kv = self.prefixes.snapshot_kv(snapshot_hash) if self.prefixes is not None and snapshot_hash else None
         if kv is None:
             raise RequestError(not_restorable(n))
+
+        self.checkpoints.forget(slot.seq_id)
 
         def load() -> None:
             executor = self.executor
@@ -252,6 +286,7 @@ class Span:
         """Free the session's slot and clear its sequence, in the turn of `owner` (the session's
         client: its next session usually follows); wakes a drain when none is left."""
         seq_id = self.sessions.release(session_id)
+        self.checkpoints.forget(seq_id)
         await self.run(self.executor.clear, seq_id, client=owner)
         self.drain.session_ended(len(self.sessions))
 
@@ -273,6 +308,7 @@ class Span:
                 self.executor = await load(*old)
                 raise
             self.executor, self.start, self.end = executor, start, end
+            self.checkpoints.clear()
             self.scheduler.cost = CostModel()  # the old span's unit costs say nothing of the new one
             if self.prefixes is not None:
                 self.prefixes.move(start, end)

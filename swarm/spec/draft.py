@@ -9,7 +9,9 @@ token at a time, and the client keeps the drafted tokens up to the first that di
 text's last n tokens and proposes the tokens that followed it. It pays on text that copies its
 context (editing code, quoting a document) and proposes nothing on novel text. A draft model (a
 GGUF with the target's tokenizer, e.g. the target requantized lower) guesses novel text too; it runs
-on llama.cpp, so it lives with the client's other I/O: swarm/client/draftmodel.py.
+on llama.cpp, so it lives with the client's other I/O: swarm/client/draftmodel.py. `HeadDrafts`
+proposes the guess of the model's own multi-token-prediction head, which the route's last span
+answers beside each kept token (`Token.draft`): no model in the client, one token per pass.
 
 This module does not: verify, sample, or touch a network or a model.
 """
@@ -24,7 +26,9 @@ import numpy as np
 
 class Draft(Protocol):
     """A source of drafted tokens for one generation. A draft holding resources (a draft model's
-    context: swarm/client/draftmodel.py) also has `close()`, which the generation calls at its end."""
+    context: swarm/client/draftmodel.py) also has `close()`, which the generation calls at its end;
+    one that reads the route's answers (`HeadDrafts`) has `attach(telemetry)`, which the generation
+    calls with its `GenerationTelemetry` before the first proposal."""
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         """Guess up to `k` tokens that follow `tokens` (the prompt and every token generated so far).
@@ -63,3 +67,29 @@ class PromptLookup:
                 start = int(hits[-1]) + n
                 return arr[start : start + k].tolist()
         return []
+
+
+class HeadDrafts:
+    """Drafts of the model's multi-token-prediction (MTP, nextn) head, served on the route's last
+    span: with `RemoteEngine.mtp_drafts` on, the answer to each kept token carries the head's greedy
+    guess of the token after it (`Token.draft`), which the route session files by position in
+    `GenerationTelemetry.mtp_drafts`. This draft proposes the guess for the next position, so each
+    pass verifies at most one drafted token (as many as the head has blocks: DeepSeek-V4 has one).
+    After a pass whose rows were not all kept the head's guess was made on rejected rows; the route
+    session drops it, this draft proposes nothing, and the next step decodes plainly and brings the
+    next guess.
+    """
+
+    def __init__(self) -> None:
+        self._by_position: dict[int, tuple[int, ...]] = {}
+
+    def attach(self, telemetry) -> None:
+        """Read the guesses of the generation whose `GenerationTelemetry` is `telemetry`."""
+        self._by_position = telemetry.mtp_drafts
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        """The head's guesses of the tokens at positions len(tokens).. (the token after the last
+        one), at most `k`; [] when the route has not answered one for that position."""
+        if k < 1:
+            return []
+        return list(self._by_position.get(len(tokens), ()))[:k]

@@ -6,7 +6,8 @@ by token id: the first two hops read the ids, one of them mid-route, so a genera
 llama.cpp's whole model only if the client sends each row's id on every Forward, and (with server
 push) each peer pushes them on with its output. A Forward without ids to a span that reads them gets
 an Error frame, and the peer serves on. The cache cannot roll back into a sequence
-(`ArchRow.rollback_exact` False): killing the routed 1:2 peer mid-generation on a pushed route
+(`ArchRow.rollback_exact` False): speculation's rejected rows roll back from the state each hop
+exports before a verify pass, and killing the routed 1:2 peer mid-generation on a pushed route
 rebuilds the whole route into fresh sessions (a later hop may hold the step from a push), and the
 tokens stay the whole model's. That test kills a peer: it runs last. A second, two-peer swarm of
 the model with a multi-token-prediction block answers its head's drafts (`Forward.want_draft`).
@@ -22,6 +23,7 @@ from gguf import GGUFReader
 
 from swarm import Client
 from swarm.client.telemetry import GenerationTelemetry
+from swarm.errors import RequestError
 from swarm.manifest import build_manifest
 from swarm.sampling import SamplingParams
 from swarm.wire import Error, ErrorCode, Forward, Hidden, Token, encode_frame
@@ -77,13 +79,21 @@ def test_three_peers_generate_the_whole_models_tokens(ds4, expected, push):
     assert route[0].bytes_sent >= (4 * ROW + 4) * (len(prompt) + len(want) - 1)
 
 
-def test_speculation_is_off_where_the_cache_cannot_roll_back(ds4, expected):
+@pytest.mark.parametrize("pipeline", [False, True], ids=["one-pass", "pipelined"])
+def test_speculation_rolls_rejected_rows_back_from_checkpoints(ds4, expected, pipeline):
+    """The cache cannot truncate, so each hop exports the session's state before a verify pass and
+    rolls rejected rows back from it (swarm/peer/checkpoints.py): fixed k = 4 prompt-lookup drafts
+    on this random model are mostly rejected, and the tokens are still the whole model's."""
     path, peers = ds4
     prompt, want = expected
-    with Client(str(path), initial_peers=peers["p0"].maddrs) as client:
+    with Client(str(path), initial_peers=peers["p0"].maddrs, adaptive_speculation=False,
+                pipeline_speculation=pipeline) as client:
         got = client.stream_tokens(prompt, max_new_tokens=N_NEW, speculate=4).run()
     assert got.tokens == want
-    assert got.telemetry.speculation is None  # no verify pass: it would roll rejected rows back
+    spec = got.telemetry.speculation
+    assert spec is not None and spec.passes >= 3
+    assert spec.accepted < spec.drafted  # rows were rejected: every hop rolled back
+    assert got.telemetry.failovers == []  # rolled back in place, not by rebuilding the route
 
 
 def rows(n: int, seed: int = 0) -> np.ndarray:
@@ -160,6 +170,37 @@ def test_the_last_peer_answers_the_drafts_of_the_whole_models_mtp_head(ds4_mtp, 
     drafts = got.telemetry.mtp_drafts
     assert [drafts[len(prompt) + 1 + i] for i in range(n)] == [(d,) for d in want_drafts[:n]]
     assert [h.pushed_steps > 0 for h in got.telemetry.route] == [False, push]
+
+
+@pytest.mark.parametrize("push", [True, False], ids=["push", "relay"])
+def test_speculation_with_the_mtp_heads_drafts_gives_the_whole_models_tokens(ds4_mtp, push):
+    """`draft="mtp"`: each pass verifies the head's guess of the token after the last kept one; a
+    rejected guess rolls every hop back from its checkpoint, the head's state with it, so every
+    guess the route answers after that is still the whole model's head's (none from rejected rows)."""
+    path, first = ds4_mtp
+    prompt = run_oracle(path, TEXT).prompt
+    want = run_mtp_oracle(path, prompt, N_VOCAB)
+    want_drafts = np.argmax(want.draft_logits, axis=1).tolist()
+    with Client(str(path), initial_peers=first.maddrs, draft="mtp", adaptive_speculation=False) as client:
+        client._engine.push = push  # noqa: SLF001 - the engine's documented switch
+        got = client.stream_tokens(prompt, max_new_tokens=N_DECODE, speculate=4).run()
+    n = len(got.tokens)
+    assert n >= 8 and got.tokens == want.tokens[:n]
+    spec = got.telemetry.speculation
+    assert spec.passes > 0 and spec.drafted == spec.passes  # one guess per pass: the head's
+    # each verified guess was the head's for that position, kept exactly when it was the token there
+    heads = {len(prompt) + 1 + i: d for i, d in enumerate(want_drafts)}
+    tokens_at = {len(prompt) + i: t for i, t in enumerate(want.tokens)}
+    drafts = got.telemetry.mtp_drafts
+    assert drafts and all(drafts[p] == (heads[p],) for p in drafts)
+    assert 0 < spec.accepted < spec.drafted  # some guesses kept, some rolled back
+    assert spec.accepted <= sum(heads[p] == tokens_at.get(p) for p in drafts)
+
+
+def test_draft_mtp_is_refused_for_a_model_without_a_served_head(ds4):
+    path, peers = ds4
+    with pytest.raises(RequestError, match="no multi-token-prediction head"):
+        Client(str(path), initial_peers=peers["p0"].maddrs, draft="mtp")
 
 
 def test_a_routed_hash_span_killed_mid_generation_rebuilds_the_pushed_route(ds4, expected):

@@ -2,7 +2,9 @@
 recurrent state cannot roll back into a sequence (`ArchRow.rollback_exact` is False).
 
 A `Truncate` into the sequence must be refused with an error that leaves the session where its
-cache is: the next step continues from the old position, not from the refused one.
+cache is: the next step continues from the old position, not from the refused one. Only the rows
+of a verify pass roll back, from the state the peer exported before it (swarm/peer/checkpoints.py),
+exactly as if they had never been computed.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def hidden(n: int, seed: int = 0) -> np.ndarray:
 def raw(tmp_path_factory):
     path = write_synthetic("qwen35", tmp_path_factory.mktemp("hybrid") / "qwen35.gguf")
     ps = PeerSet(tmp_path_factory.mktemp("hybrid_peer"))
-    p = ps.start("p0", *serve_args(path, f"0:{N_LAYERS_HYBRID}", "--new-swarm", "--max-sessions", "2"))
+    p = ps.start("p0", *serve_args(path, f"0:{N_LAYERS_HYBRID}", "--new-swarm", "--max-sessions", "3"))
     c = RawClient(p, build_manifest(path).model_id, tmp_path_factory.mktemp("raw"), span=(0, N_LAYERS_HYBRID))
     yield c
     c.close()
@@ -43,3 +45,24 @@ def test_synthetic_hybrid_truncate_into_the_sequence_is_refused_and_the_session_
     assert isinstance(refused, Error) and "position 2" in refused.message, refused
     after = raw.ask(s, encode_frame(Forward(step=2, pos0=4, hidden=hidden(1, 2))))
     assert isinstance(after, Token), after
+
+
+def test_synthetic_hybrid_rolls_a_verify_pass_back_from_its_checkpoint(raw):
+    """A verify pass exports the session's state first (swarm/peer/checkpoints.py): rolling back to
+    a row inside it (`Forward.rewind`) imports that state and computes the kept rows again, so the
+    next step's logits equal those of a session that never computed the rejected rows."""
+    prompt, rows, nxt = hidden(4), hidden(4, 3), hidden(1, 4)
+    a, b = raw.open_session(), raw.open_session()
+    for s in (a, b):
+        assert isinstance(raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=prompt))), Token)
+    passed = raw.ask(a, encode_frame(Forward(step=1, pos0=4, hidden=rows, verify=True, steps=(1, 1, 1, 1))))
+    assert isinstance(passed, Token) and len(passed.tokens) == 4, passed
+    got = raw.ask(a, encode_frame(Forward(step=2, pos0=6, hidden=nxt, rewind=True, want_logits=True)))
+    assert isinstance(got, Token), got  # a generation-8 peer refused this rewind
+    for i in range(2):  # plain decoding of the two kept rows
+        assert isinstance(raw.ask(b, encode_frame(Forward(step=1 + i, pos0=4 + i, hidden=rows[i : i + 1]))), Token)
+    want = raw.ask(b, encode_frame(Forward(step=3, pos0=6, hidden=nxt, want_logits=True)))
+    assert np.array_equal(got.logits, want.logits)
+    # a rollback past the checkpoint (into the prompt) is still refused, and the session stays put
+    assert isinstance(raw.ask(a, encode_frame(Truncate(pos=2))), Error)
+    assert isinstance(raw.ask(a, encode_frame(Forward(step=3, pos0=7, hidden=nxt))), Token)

@@ -71,7 +71,7 @@ def test_a_gguf_without_a_vocabulary_is_refused(tmp_path):
         ("self:Q9_X", ModelError, "unknown self-draft type 'Q9_X': one of Q2_K, Q3_K_S, Q3_K_M"),
         ("/nonexistent/draft.gguf", ModelError,
          "draft '/nonexistent/draft.gguf': model file not found: /nonexistent/draft.gguf"),
-        ("", RequestError, "draft must be 'lookup', 'self', 'self:TYPE' or a .gguf path"),
+        ("", RequestError, "draft must be 'lookup', 'mtp', 'self', 'self:TYPE' or a .gguf path"),
     ],
 )
 def test_a_draft_that_cannot_work_is_refused_before_the_swarm_is_joined(draft, err, needle):

@@ -1,10 +1,11 @@
-"""Prompt lookup drafts (swarm/spec/draft.py)."""
+"""Prompt lookup drafts and the MTP head's drafts (swarm/spec/draft.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from swarm.spec.draft import PromptLookup
+from swarm.client.telemetry import GenerationTelemetry
+from swarm.spec.draft import HeadDrafts, PromptLookup
 
 
 def test_proposes_what_followed_the_latest_earlier_match_of_the_longest_suffix():
@@ -32,3 +33,16 @@ def test_bad_ngram_bounds_are_refused():
         PromptLookup(max_ngram=1, min_ngram=2)
     with pytest.raises(ValueError):
         PromptLookup(min_ngram=0)
+
+
+def test_head_drafts_propose_the_routes_guess_for_the_next_position_only():
+    telemetry = GenerationTelemetry(backend="swarm")
+    d = HeadDrafts()
+    d.attach(telemetry)
+    tokens = [5, 6, 7]  # the route holds positions 0..1; token 7 at 2 is fed next
+    assert d.propose(tokens, 4) == []  # no guess answered yet: a plain step
+    telemetry.mtp_drafts[3] = (9,)  # the head's guess of the token at position 3
+    assert d.propose(tokens, 4) == [9] and d.propose(tokens, 0) == []
+    assert d.propose([*tokens, 9], 4) == []  # a guess is for one position
+    telemetry.mtp_drafts[4] = (8, 1)  # a head of two blocks: two positions
+    assert d.propose([*tokens, 9], 1) == [8] and d.propose([*tokens, 9], 4) == [8, 1]
