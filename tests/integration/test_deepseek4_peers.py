@@ -9,7 +9,8 @@ an Error frame, and the peer serves on. The cache cannot roll back into a sequen
 (`ArchRow.rollback_exact` False): speculation's rejected rows roll back from the state each hop
 exports before a verify pass, and killing the routed 1:2 peer mid-generation on a pushed route
 rebuilds the whole route into fresh sessions (a later hop may hold the step from a push), and the
-tokens stay the whole model's. That test kills a peer: it runs last. A second, two-peer swarm of
+tokens stay the whole model's, with speculation on too. Those tests kill peers (one 1:2 peer each,
+of three): they run last. A second, two-peer swarm of
 the model with a multi-token-prediction block answers its head's drafts (`Forward.want_draft`).
 """
 
@@ -33,7 +34,7 @@ from tests.helpers.peers import PeerSet, RawClient, serve_args, signal_tree
 from tests.helpers.synthetic import N_EMBD, N_VOCAB, deepseek4_mtp, write_synthetic
 
 SPANS = ("0:1", "1:2", "2:4")
-PEERS = {"p0": "0:1", "p1": "1:2", "p1b": "1:2", "p2": "2:4"}
+PEERS = {"p0": "0:1", "p1": "1:2", "p1b": "1:2", "p1c": "1:2", "p2": "2:4"}
 ROW = 4 * N_EMBD  # four hyper-connection streams per token (ArchRow.boundary_width)
 TEXT = PROMPT[:120]  # 121 tokens with BOS in the byte vocabulary: two 64-row prefill chunks per peer
 N_NEW = 32
@@ -49,7 +50,7 @@ def ds4(tmp_path_factory):
     yield path, dict(zip(PEERS, [first, *rest]))
     ps.stop_all()
     for p in ps.started:
-        if p.proc.returncode != -signal.SIGKILL:  # the failover test's victim
+        if p.proc.returncode != -signal.SIGKILL:  # the failover tests' victims
             assert p.proc.returncode == 0, p.stderr_text()[-2000:]
 
 
@@ -79,16 +80,21 @@ def test_three_peers_generate_the_whole_models_tokens(ds4, expected, push):
     assert route[0].bytes_sent >= (4 * ROW + 4) * (len(prompt) + len(want) - 1)
 
 
-@pytest.mark.parametrize("pipeline", [False, True], ids=["one-pass", "pipelined"])
-def test_speculation_rolls_rejected_rows_back_from_checkpoints(ds4, expected, pipeline):
+@pytest.mark.parametrize("pipeline,temperature", [(False, 0.0), (True, 0.0), (False, 0.8)],
+                         ids=["one-pass", "pipelined", "seeded"])
+def test_speculation_rolls_rejected_rows_back_from_checkpoints(ds4, expected, pipeline, temperature):
     """The cache cannot truncate, so each hop exports the session's state before a verify pass and
     rolls rejected rows back from it (swarm/peer/checkpoints.py): fixed k = 4 prompt-lookup drafts
-    on this random model are mostly rejected, and the tokens are still the whole model's."""
+    on this random model are mostly rejected, and the tokens are still plain decoding's (greedy: the
+    whole model's; seeded: the plain seeded run's, each position drawn as a decode step draws it)."""
     path, peers = ds4
     prompt, want = expected
     with Client(str(path), initial_peers=peers["p0"].maddrs, adaptive_speculation=False,
                 pipeline_speculation=pipeline) as client:
-        got = client.stream_tokens(prompt, max_new_tokens=N_NEW, speculate=4).run()
+        if temperature:
+            want = client.stream_tokens(prompt, max_new_tokens=N_NEW, temperature=temperature, seed=1).run().tokens
+        got = client.stream_tokens(prompt, max_new_tokens=N_NEW, speculate=4, temperature=temperature,
+                                   seed=1).run()
     assert got.tokens == want
     spec = got.telemetry.speculation
     assert spec is not None and spec.passes >= 3
@@ -201,6 +207,25 @@ def test_draft_mtp_is_refused_for_a_model_without_a_served_head(ds4):
     path, peers = ds4
     with pytest.raises(RequestError, match="no multi-token-prediction head"):
         Client(str(path), initial_peers=peers["p0"].maddrs, draft="mtp")
+
+
+def test_a_routed_hash_span_killed_mid_speculation_rebuilds_the_route_and_the_text_holds(ds4, expected):
+    path, peers = ds4
+    prompt, want = expected
+    with Client(str(path), initial_peers=peers["p0"].maddrs, adaptive_speculation=False) as client:
+        stream = client.stream_tokens(prompt, max_new_tokens=N_NEW, speculate=4)
+        victim = None
+        for i, _ in enumerate(stream):
+            if i == 5:  # after the first verify passes: the hops hold checkpoints
+                victim = next(p for p in peers.values() if p.peer_id == stream.telemetry.route[1].peer_id)
+                signal_tree(victim, signal.SIGKILL)
+                victim.proc.wait(30)
+    got = stream.result
+    assert victim is not None and got.tokens == want
+    assert got.telemetry.speculation.passes > 2
+    [f] = got.telemetry.failovers
+    assert f.peer_id == victim.peer_id and len(f.replacements) == 3 and victim.peer_id not in f.replacements
+    assert f.restored_tokens == 0 and f.replayed_tokens == f.position  # fresh sessions, replayed from 0
 
 
 def test_a_routed_hash_span_killed_mid_generation_rebuilds_the_pushed_route(ds4, expected):
