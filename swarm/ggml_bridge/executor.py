@@ -112,6 +112,7 @@ class SpanExecutor:
             raise ExecutorError(f"bad executor config: {config}")
         self._so = _lib.lib()
         self._config = config
+        self._span_path = Path(span_path)
         params = _lib.SpanParams(
             model_path=str(span_path).encode(),
             n_ctx=config.n_ctx_tokens,
@@ -159,6 +160,16 @@ class SpanExecutor:
                                 require_token_ids=span_reads_token_ids(span),
                                 mtp=is_last and span_has_mtp(span), interruptible=row.rollback_exact)
         return cls(span, config)
+
+    @property
+    def span_path(self) -> Path:
+        """The span file this executor runs."""
+        return self._span_path
+
+    @property
+    def config(self) -> ExecutorConfig:
+        """How it was opened."""
+        return self._config
 
     @property
     def n_embd(self) -> int:

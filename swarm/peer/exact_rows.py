@@ -15,15 +15,37 @@ measures that group at load (`probe_exact_step_rows`) and tells clients in `Open
 a client verifies in groups of the smallest group of its route. Measured (docs/speculative.md):
 SmolLM2 8 of 8 probed rows, Qwen2.5 0.5B 3.
 
+Both probes are deterministic functions of the span file, the llama.cpp and ggml libraries, the CPU
+(which kernels ggml picks) and the executor's settings, and they cost a peer 1-3 s of CPU at every
+start (SmolLM2 and Qwen2.5 0.5B spans on this machine). `exact_rows` keeps their answers beside the
+span file, keyed by all of those inputs (`probe_key`), and probes again whenever one changes.
+
 This module does not run batches (swarm/peer/scheduler.py) or read frames.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 
 from swarm.errors import ExecutorError
+from swarm.ggml_bridge import _lib
 from swarm.ggml_bridge.executor import BatchStep, SpanExecutor
+
+PROBE_VERSION = 1
+"""Version of the probes' inputs and rules: bump it when a probe changes, so that answers cached by
+an older one are not used."""
+
+_CACHE_ENTRIES = 16
+"""Answers kept per span file (one per executor setting it was opened with)."""
 
 VERIFY_PROBE_ROWS = 8
 """Largest verify group a span probes (and so announces): a pass of more rows goes in several groups."""
@@ -139,3 +161,104 @@ def exact_batch_cap(ex: SpanExecutor, *, probe_rows: int = 8) -> int:
     if rows >= min(probe_rows, ex.n_seq_max, ex.n_batch) and rows >= 4:
         return min(ex.n_seq_max, ex.n_batch)
     return rows
+
+
+@dataclass(frozen=True)
+class ExactRows:
+    """What a span computes exactly: `batch_cap`, sessions' decode steps per batch
+    (`exact_batch_cap`); `verify_rows`, rows of one session's step (`probe_exact_step_rows`)."""
+
+    batch_cap: int
+    verify_rows: int
+
+
+def exact_rows(ex: SpanExecutor) -> ExactRows:
+    """The span's exact batch cap and verify group: the answer cached beside its span file when the
+    probes already ran on the same inputs (`probe_key`), else probed now (sequences 0..7 must be
+    empty; they are left empty) and cached. A cache that cannot be read or written is probed around.
+
+    Raises:
+        ExecutorError: as the probes.
+    """
+    key = probe_key(ex)
+    path = ex.span_path.with_suffix(".exact.json")
+    cached = _read_cache(path)
+    hit = cached.get(key)
+    if isinstance(hit, dict) and _valid(ex, hit):
+        return ExactRows(hit["batch_cap"], hit["verify_rows"])
+    found = ExactRows(exact_batch_cap(ex), probe_exact_step_rows(ex))
+    cached.pop(key, None)
+    cached[key] = dataclasses.asdict(found)
+    _write_cache(path, dict(list(cached.items())[-_CACHE_ENTRIES:]))
+    return found
+
+
+def probe_key(ex: SpanExecutor) -> str:
+    """sha256 (hex) of everything the probes' answers depend on: PROBE_VERSION, the span file (name,
+    size, mtime), every llama.cpp / ggml / libswarm_span library file (name, size, mtime), the CPU
+    (model and feature flags: ggml loads the CPU variant they allow) and the executor's settings."""
+    st = ex.span_path.stat()
+    ident = {
+        "version": PROBE_VERSION,
+        "span": [ex.span_path.name, st.st_size, st.st_mtime_ns],
+        "libraries": _library_files(),
+        "cpu": _cpu_identity(),
+        "config": dataclasses.asdict(ex.config),
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def _library_files() -> list[list]:
+    """(name, size, mtime) of libswarm_span and of every file in llama_cpp's library directory."""
+    files = [_lib.LIB_PATH]
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is not None and spec.submodule_search_locations:
+        lib_dir = Path(next(iter(spec.submodule_search_locations))) / "lib"
+        if lib_dir.is_dir():
+            files += sorted(lib_dir.iterdir())
+    out = []
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        out.append([f.name, st.st_size, st.st_mtime_ns])
+    return out
+
+
+def _cpu_identity() -> str:
+    """The first processor's model name and feature flags (Linux), else the platform's processor."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+    fields = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        name, _, value = line.partition(":")
+        fields[name.strip()] = value.strip()
+    return f"{fields.get('model name', '')} | {fields.get('flags', fields.get('Features', ''))}"
+
+
+def _valid(ex: SpanExecutor, hit: dict) -> bool:
+    """A cached answer in the range the probes can give for `ex` (a damaged file is probed again)."""
+    cap, rows = hit.get("batch_cap"), hit.get("verify_rows")
+    return (type(cap) is int and 1 <= cap <= max(ex.n_seq_max, 1)
+            and type(rows) is int and 1 <= rows <= VERIFY_PROBE_ROWS)
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(path: Path, data: dict) -> None:
+    """Write by rename (peers starting at once on one machine may race: the last one wins)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)

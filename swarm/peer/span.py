@@ -26,7 +26,7 @@ from swarm.errors import ExecutorError, RequestError, SwarmError
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.sessions import SessionSlot, SessionTable
 from swarm.peer.checkpoints import Checkpoints, replay
-from swarm.peer.exact_rows import exact_batch_cap, probe_exact_step_rows
+from swarm.peer.exact_rows import exact_rows
 from swarm.peer.rebalance import Drain
 from swarm.peer.rules import (
     Throughput,
@@ -95,8 +95,8 @@ class Span:
         return span
 
     async def _tune(self) -> None:
-        self.scheduler.max_batch_rows = await self.run(exact_batch_cap, self.executor)
-        self.verify_rows = await self.run(probe_exact_step_rows, self.executor)
+        exact = await self.run(exact_rows, self.executor)
+        self.scheduler.max_batch_rows, self.verify_rows = exact.batch_cap, exact.verify_rows
         self.throughput = await self.run(self._measure, self.executor)
 
     @property

@@ -10,6 +10,7 @@ from swarm.errors import ExecutorError, RequestError, SwarmError
 from swarm.kv.sessions import SessionTable
 from swarm.peer import span as span_module
 from swarm.peer.rules import Throughput
+from swarm.peer.exact_rows import ExactRows
 from swarm.peer.span import Span
 
 
@@ -179,8 +180,7 @@ def test_a_restored_first_step_that_is_refused_leaves_the_session_empty():
 
 
 def test_swap_loads_the_old_span_back_when_the_new_one_fails(monkeypatch):
-    monkeypatch.setattr(span_module, "exact_batch_cap", lambda ex: 3)
-    monkeypatch.setattr(span_module, "probe_exact_step_rows", lambda ex: 2)
+    monkeypatch.setattr(span_module, "exact_rows", lambda ex: ExactRows(batch_cap=3, verify_rows=2))
 
     async def main():
         span = _span()
