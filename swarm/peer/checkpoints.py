@@ -158,8 +158,8 @@ class Checkpoints:
             if c.steps and c.steps[-1].end > pos:
                 s = c.steps[-1]
                 n = pos - s.pos0
-                c.steps[-1] = RecordedStep(s.pos0, s.rows[:n], None if s.token_ids is None else s.token_ids[:n],
-                                           cut_groups(s.groups, n))
+                ids = None if s.token_ids is None else s.token_ids[:n]
+                c.steps[-1] = RecordedStep(s.pos0, s.rows[:n], ids, cut_groups(s.groups, n))
             kept.append(c)
         if kept:
             self._by_seq[seq_id] = kept

@@ -5,9 +5,9 @@ Each operation asks the table (or a pure rule of swarm/peer/rules.py) and applie
 in one place: admit (clears the sequence ids it hands out), forward (checks, computes, advances),
 truncate (the cache first, then the table; on a span whose cache cannot truncate, from the
 checkpoint taken before a verify pass: swarm/peer/checkpoints.py), restore (imports a prefix
-snapshot), release (clears the sequence, wakes a drain), swap (the executor of another span when the peer moves) and the
-record it announces. The table is touched only from the event loop; the executor only through the
-scheduler, under `lock`.
+snapshot), release (clears the sequence, wakes a drain), swap (the executor of another span when
+the peer moves) and the record it announces. The table is touched only from the event loop; the
+executor only through the scheduler, under `lock`.
 
 This module does not: read frames (swarm/peer/handler.py), sample, or choose or load spans
 (swarm/peer/build.py loads the executor it is given).

@@ -92,7 +92,8 @@ def test_speculation_rolls_rejected_rows_back_from_checkpoints(ds4, expected, pi
     with Client(str(path), initial_peers=peers["p0"].maddrs, adaptive_speculation=False,
                 pipeline_speculation=pipeline) as client:
         if temperature:
-            want = client.stream_tokens(prompt, max_new_tokens=N_NEW, temperature=temperature, seed=1).run().tokens
+            plain = client.stream_tokens(prompt, max_new_tokens=N_NEW, temperature=temperature, seed=1)
+            want = plain.run().tokens
         got = client.stream_tokens(prompt, max_new_tokens=N_NEW, speculate=4, temperature=temperature,
                                    seed=1).run()
     assert got.tokens == want

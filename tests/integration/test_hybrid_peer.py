@@ -60,7 +60,8 @@ def test_synthetic_hybrid_rolls_a_verify_pass_back_from_its_checkpoint(raw):
     got = raw.ask(a, encode_frame(Forward(step=2, pos0=6, hidden=nxt, rewind=True, want_logits=True)))
     assert isinstance(got, Token), got  # a generation-8 peer refused this rewind
     for i in range(2):  # plain decoding of the two kept rows
-        assert isinstance(raw.ask(b, encode_frame(Forward(step=1 + i, pos0=4 + i, hidden=rows[i : i + 1]))), Token)
+        step = Forward(step=1 + i, pos0=4 + i, hidden=rows[i : i + 1])
+        assert isinstance(raw.ask(b, encode_frame(step)), Token)
     want = raw.ask(b, encode_frame(Forward(step=3, pos0=6, hidden=nxt, want_logits=True)))
     assert np.array_equal(got.logits, want.logits)
     # a rollback past the checkpoint (into the prompt) is still refused, and the session stays put

@@ -15,7 +15,8 @@ from swarm.peer.span import Span
 
 
 class FakeExecutor:
-    n_batch, n_embd, n_threads, n_seq_max, is_last, needs_token_ids, can_truncate = 64, 4, 1, 4, False, False, True
+    n_batch, n_embd, n_threads, n_seq_max, is_last, needs_token_ids = 64, 4, 1, 4, False, False
+    can_truncate = True
 
     def __init__(self, name="a", fail_truncate=False):
         self.name, self.fail_truncate, self.calls, self.closed = name, fail_truncate, [], False
