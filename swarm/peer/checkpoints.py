@@ -14,12 +14,18 @@ exactness of speculation (docs/speculative.md) holds on these models too.
 A session keeps at most `MAX_CHECKPOINTS` checkpoints (two passes may be in flight: a pipelined
 pass sent ahead rolls back with the one before it) with at most `MAX_RECORDED_ROWS` rows after the
 oldest; a step of several rows that is not a verify pass (a prompt chunk, computed on the ubatch
-grid) ends every checkpoint of the session, because part of it could not be computed again as it
-was. A rollback with no checkpoint at or before its position is refused, as llama.cpp refuses it.
+grid), or a verify pass in groups larger than the span proved exact, ends every checkpoint of the
+session, because part of it could not be computed again as it was. A rollback with no checkpoint
+at or before its position is refused, as llama.cpp refuses it. A verify pass that fails half-way
+(a bad row after good ones) is rolled back to its start the same way (swarm/peer/span.py).
 
 Cost: one export of the session's state per verify pass (its whole KV or recurrent state) and,
 on a rejection, one import and the kept rows again. The states are held in the peer's memory,
-outside the KV budget: at most MAX_CHECKPOINTS states per session.
+outside the KV budget: at most MAX_CHECKPOINTS states per session. A spot check's replay of a
+last hop (swarm/route/replay.py `claim_frames`) sends its decode steps as verify frames, each of
+which exports the growing state: a cost quadratic in the replayed length, not measured on a real
+model (llama.cpp's `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY` would export only a hybrid model's
+recurrent part; not used: the attention part would then need a truncate the hybrid cache refuses).
 
 This module plans (which checkpoint, which rows again) and holds the records; the executor calls
 run in `replay`, on the span's executor thread (swarm/peer/span.py).

@@ -197,18 +197,50 @@ class Span:
             raise RequestError(why)
         rows = np.ascontiguousarray(hidden, dtype=np.float32)
         checkpoints = not self.executor.can_truncate
-        if checkpoints and verify:
+        # only groups proved exact recompute as they were computed (a larger group: no rollback)
+        exact_verify = verify and max(steps or (rows.shape[0],)) <= self.verify_rows
+        if checkpoints and exact_verify:
             self.checkpoints.add(slot.seq_id, pos0,
                                  await self.run(self.executor.export_seq, slot.seq_id, client=slot.owner))
-        out = await self.scheduler.step(slot.seq_id, pos0, rows, all_logits=all_logits, steps=steps,
-                                        client=slot.owner, token_ids=token_ids)
+        try:
+            out = await self.scheduler.step(slot.seq_id, pos0, rows, all_logits=all_logits, steps=steps,
+                                            client=slot.owner, token_ids=token_ids)
+        except SwarmError:
+            if checkpoints:  # the scheduler's undo of a step's finished sub-steps truncates: not here
+                await self._back_to(slot, pos0)
+            raise
         if checkpoints:
-            self.checkpoints.record(slot.seq_id, pos0, rows, token_ids, steps, verify=verify)
+            self.checkpoints.record(slot.seq_id, pos0, rows, token_ids, steps, verify=exact_verify)
         if then is not None:
             await then(out.out)
         reply = finish(out)
         self.sessions.advance(slot, hidden.shape[0], time.monotonic())
         return reply
+
+    async def _back_to(self, slot: SessionSlot, pos0: int) -> None:
+        """After a failed step on a span whose cache cannot truncate: bring the sequence back to
+        `pos0`, where the table says it ends (a step of several sub-steps may have computed some),
+        from a checkpoint at or before `pos0`; without one, empty the session."""
+        rollback = self.checkpoints.plan(slot.seq_id, pos0)
+        ex = self.executor
+
+        def back() -> bool:
+            if ex.pos_max(slot.seq_id) == pos0 - 1:
+                return True
+            if rollback is not None:
+                try:
+                    replay(ex, slot.seq_id, rollback)
+                    return True
+                except ExecutorError:
+                    pass  # replay left the sequence empty
+            ex.clear(slot.seq_id)
+            return False
+
+        if await self.run(back, client=slot.owner):
+            self.checkpoints.rolled_back(slot.seq_id, pos0)
+        else:
+            self.checkpoints.forget(slot.seq_id)
+            self.sessions.truncate(slot, 0)
 
     async def truncate(self, slot: SessionSlot, pos: int) -> None:
         """Drop the session's positions >= `pos`.

@@ -27,7 +27,7 @@ def hidden(n: int, seed: int = 0) -> np.ndarray:
 def raw(tmp_path_factory):
     path = write_synthetic("qwen35", tmp_path_factory.mktemp("hybrid") / "qwen35.gguf")
     ps = PeerSet(tmp_path_factory.mktemp("hybrid_peer"))
-    p = ps.start("p0", *serve_args(path, f"0:{N_LAYERS_HYBRID}", "--new-swarm", "--max-sessions", "3"))
+    p = ps.start("p0", *serve_args(path, f"0:{N_LAYERS_HYBRID}", "--new-swarm", "--max-sessions", "5"))
     c = RawClient(p, build_manifest(path).model_id, tmp_path_factory.mktemp("raw"), span=(0, N_LAYERS_HYBRID))
     yield c
     c.close()
@@ -67,3 +67,26 @@ def test_synthetic_hybrid_rolls_a_verify_pass_back_from_its_checkpoint(raw):
     # a rollback past the checkpoint (into the prompt) is still refused, and the session stays put
     assert isinstance(raw.ask(a, encode_frame(Truncate(pos=2))), Error)
     assert isinstance(raw.ask(a, encode_frame(Forward(step=3, pos0=7, hidden=nxt))), Token)
+
+
+def test_synthetic_hybrid_a_verify_pass_failing_half_way_or_in_unproved_groups_keeps_the_session_usable(raw):
+    """A verify pass whose last row is refused after the rows before it were computed is rolled back
+    from its checkpoint (the scheduler's undo truncates, which this cache refuses), so the session
+    goes on from where its table says; a pass in groups larger than the span's proved `verify_rows`
+    cannot be recomputed as it was, so a rollback into it is refused rather than done inexactly."""
+    prompt, rows, nxt = hidden(4), hidden(4, 3), hidden(1, 4)
+    a, b = raw.open_session(), raw.open_session()
+    for s in (a, b):
+        assert isinstance(raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=prompt))), Token)
+    bad = rows.copy()
+    bad[3] = np.inf
+    refused = raw.ask(a, encode_frame(Forward(step=1, pos0=4, hidden=bad, verify=True, steps=(1, 1, 1, 1))))
+    assert isinstance(refused, Error) and "infinite" in refused.message, refused
+    got = raw.ask(a, encode_frame(Forward(step=2, pos0=4, hidden=nxt, want_logits=True)))
+    want = raw.ask(b, encode_frame(Forward(step=1, pos0=4, hidden=nxt, want_logits=True)))
+    assert isinstance(got, Token) and np.array_equal(got.logits, want.logits), got
+
+    one_group = raw.ask(a, encode_frame(Forward(step=3, pos0=5, hidden=rows, verify=True)))  # 4 rows > 1
+    assert isinstance(one_group, Token) and len(one_group.tokens) == 4, one_group
+    assert isinstance(raw.ask(a, encode_frame(Truncate(pos=7))), Error)
+    assert isinstance(raw.ask(a, encode_frame(Forward(step=4, pos0=9, hidden=nxt))), Token)  # still at 9
