@@ -198,8 +198,8 @@ class Span:
         rows = np.ascontiguousarray(hidden, dtype=np.float32)
         checkpoints = not self.executor.can_truncate
         # only groups proved exact recompute as they were computed (a larger group: no rollback)
-        exact_verify = verify and max(steps or (rows.shape[0],)) <= self.verify_rows
-        if checkpoints and exact_verify:
+        exact_verify = checkpoints and verify and max(steps or (rows.shape[0],)) <= self.verify_rows
+        if exact_verify:
             self.checkpoints.add(slot.seq_id, pos0,
                                  await self.run(self.executor.export_seq, slot.seq_id, client=slot.owner))
         try:
