@@ -10,8 +10,10 @@
 //     for the first row, zeros at p = 0);
 //   - a draft decodes the next token at P + 1 with h of P, takes its logits and removes P + 1
 //     again, so the MTP cache stays in step with the target.
-// One difference from common/speculative.cpp: h is copied from the graph through the scheduler's
-// eval callback (tensor "l_last-<n_layer - 1>") while the graph runs, instead of
+// The target context runs with unmasked nextn output on (llama_set_embeddings_nextn(ctx, true,
+// false)), as common/speculative.cpp sets it. One difference: h is copied from the graph through the
+// scheduler's eval callback while the graph runs (the caller names the tensor: "h_nextn" for
+// deepseek2, glm-dsa, qwen35, qwen35moe; "l_last-<n_layer - 1>" for deepseek4), instead of
 // llama_get_embeddings_nextn. For deepseek4 the latter returns rows that match no row of the
 // residual when a ubatch has more than one row (measured on the synthetic model: the first row of a
 // 64-row prefill ubatch reads -0.07 where the residual holds 2.68, which a one-row run of the same
@@ -29,13 +31,18 @@
 #include "ggml-backend.h"
 #include "llama.h"
 
+// llama.cpp's staging API (src/llama-ext.h, C++ linkage): as in swarm_span.c
+void oracle_set_embeddings_nextn(struct llama_context * ctx, bool value, bool masked)
+    __asm__("_Z26llama_set_embeddings_nextnP13llama_contextbb");
+
 struct oracle {
     struct llama_model   * model;
     struct llama_context * tgt;
     struct llama_context * mtp;
     int32_t n_vocab;
     int32_t n_h;        // width of h: llama_model_n_embd_out (hc x n_embd for deepseek4)
-    char    name[32];   // "l_last-<n_layer - 1>"
+    int32_t n_pos;      // positions per token: 4 (M-RoPE sections) or 1
+    char    name[64];   // the graph tensor h is captured from
     float * h;          // [n_ubatch, n_h] rows captured from the running target graph
     int64_t h_rows;
     int64_t h_cap;      // n_ubatch; a capture that would pass it is dropped (h_rows stays short)
@@ -74,15 +81,21 @@ static int32_t argmax(const float * row, int32_t n) {
 }
 
 // One sequence, positions pos0.., token ids and optional h rows; logits of every row when want.
-static int decode(struct llama_context * ctx, const int32_t * toks, const float * embd, int32_t n,
-                  int32_t pos0, bool want) {
-    llama_pos    pos[n];
+// M-RoPE models read n_pos positions per token, section-major; text uses the position in the first
+// three sections and 0 in the fourth (as llama.cpp's batch allocator fills them).
+static int decode(const struct oracle * o, struct llama_context * ctx, const int32_t * toks,
+                  const float * embd, int32_t n, int32_t pos0, bool want) {
+    llama_pos    pos[n * o->n_pos];
     int32_t      n_seq[n];
     llama_seq_id seq0 = 0;
     llama_seq_id * seq[n];
     int8_t       out[n];
+    for (int32_t j = 0; j < o->n_pos; j++) {
+        for (int32_t i = 0; i < n; i++) {
+            pos[j * n + i] = j < 3 ? pos0 + i : 0;
+        }
+    }
     for (int32_t i = 0; i < n; i++) {
-        pos[i] = pos0 + i;
         n_seq[i] = 1;
         seq[i] = &seq0;
         out[i] = want;
@@ -98,7 +111,7 @@ static int decode(struct llama_context * ctx, const int32_t * toks, const float 
 // the same rows paired with h shifted by one position. Returns 0 or -4.
 static int run_rows(struct oracle * o, const int32_t * toks, int32_t n, int32_t pos0, float * out) {
     o->h_rows = 0;
-    if (decode(o->tgt, toks, NULL, n, pos0, out != NULL) != 0 || o->h_rows != n) {
+    if (decode(o, o->tgt, toks, NULL, n, pos0, out != NULL) != 0 || o->h_rows != n) {
         return -4;
     }
     for (int32_t i = 0; out && i < n; i++) {
@@ -112,12 +125,12 @@ static int run_rows(struct oracle * o, const int32_t * toks, int32_t n, int32_t 
     memcpy(o->rows, o->pending, row);
     memcpy(o->rows + o->n_h, o->h, row * (size_t) (n - 1));
     memcpy(o->pending, o->h + (size_t) (n - 1) * o->n_h, row);
-    return decode(o->mtp, toks, o->rows, n, pos0, false);
+    return decode(o, o->mtp, toks, o->rows, n, pos0, false);
 }
 
 // MTP logits for tok at pos (h of pos - 1 is the pending row) into out; pos is removed again.
 static int draft(struct oracle * o, int32_t tok, int32_t pos, float * out) {
-    if (decode(o->mtp, &tok, o->pending, 1, pos, true) != 0) {
+    if (decode(o, o->mtp, &tok, o->pending, 1, pos, true) != 0) {
         return -4;
     }
     const float * lg = llama_get_logits_ith(o->mtp, 0);
@@ -140,6 +153,8 @@ static void release(struct oracle * o) {
 // Status: 0 ok; -1 bad argument (or vocab_cap != the model's n_vocab); -2 load; -3 context or
 // memory; -4 decode; -5 the model has no MTP block.
 //
+// h_name: the target graph's tensor whose rows are the head's h ("h_nextn", or "l_last-<n - 1>" for
+// deepseek4); "h_nextn" turns the target's unmasked nextn output on.
 // Runs prompt[0..n_prompt) in llama_decode calls of n_ubatch tokens (one ubatch each), then
 // n_decode greedy steps of one token, and after the prompt and after every step one MTP draft of
 // the greedy next token. Threads: multi-row ubatches on n_threads, one-row ones on 1 (the span
@@ -150,12 +165,12 @@ static void release(struct oracle * o) {
 //   tokens         [n_decode]              greedy tokens (first maximum) fed in the steps
 //   draft_logits   [n_decode + 1, n_vocab] MTP logits: row 0 for tokens[0] fed after the prompt,
 //                                          row i + 1 for the greedy token after step i
-int swarm_mtp_oracle_run(const char * model_path, const int32_t * prompt, int32_t n_prompt,
-                         int32_t n_decode, int32_t n_ubatch, int32_t n_threads, int32_t vocab_cap,
+int swarm_mtp_oracle_run(const char * model_path, const char * h_name, const int32_t * prompt,
+                         int32_t n_prompt, int32_t n_decode, int32_t n_ubatch, int32_t n_threads, int32_t vocab_cap,
                          float * prefill_logits, float * step_logits, int32_t * tokens,
                          float * draft_logits) {
-    if (!model_path || !prompt || n_prompt < 1 || n_decode < 0 || n_ubatch < 1 || n_threads < 1 ||
-        !prefill_logits || !step_logits || !tokens || !draft_logits) {
+    if (!model_path || !h_name || strlen(h_name) >= 64 || !prompt || n_prompt < 1 || n_decode < 0 ||
+        n_ubatch < 1 || n_threads < 1 || !prefill_logits || !step_logits || !tokens || !draft_logits) {
         return -1;
     }
     const char * want = getenv("SWARM_LLAMA_LOG");
@@ -180,7 +195,9 @@ int swarm_mtp_oracle_run(const char * model_path, const int32_t * prompt, int32_
     } else if (o.n_vocab != vocab_cap) {
         rc = -1;
     }
-    snprintf(o.name, sizeof(o.name), "l_last-%d", llama_model_n_layer(o.model) - 1);
+    snprintf(o.name, sizeof(o.name), "%s", h_name);
+    const enum llama_rope_type rt = llama_model_rope_type(o.model);
+    o.n_pos = rt == LLAMA_ROPE_TYPE_MROPE || rt == LLAMA_ROPE_TYPE_IMROPE ? 4 : 1;
     o.h_cap = n_ubatch;
     o.h = malloc(sizeof(float) * (size_t) n_ubatch * (size_t) o.n_h);
     o.rows = malloc(sizeof(float) * (size_t) n_ubatch * (size_t) o.n_h);
@@ -199,6 +216,10 @@ int swarm_mtp_oracle_run(const char * model_path, const int32_t * prompt, int32_
     cp.cb_eval_user_data = &o;
     if (rc == 0 && (!o.h || !o.rows || !o.pending || !(o.tgt = llama_init_from_model(o.model, cp)))) {
         rc = -3;
+    }
+    // deepseek4's graph names its last residual "h_nextn" when this is on, so l_last is read without
+    if (rc == 0 && strcmp(o.name, "h_nextn") == 0) {
+        oracle_set_embeddings_nextn(o.tgt, true, false);
     }
     cp.cb_eval = NULL;
     cp.cb_eval_user_data = NULL;

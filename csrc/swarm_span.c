@@ -15,6 +15,13 @@
 
 #define CAPTURE_NAME_MAX 64
 
+// llama.cpp's staging API (src/llama-ext.h) has C++ linkage and is not in the installed headers:
+// this binds a C declaration to its mangled symbol (Itanium ABI: bool passes as in C). It makes the
+// context compute the output-normed residual `h_nextn` of every row of a batch ("unmasked"), as
+// common/speculative.cpp asks of a target context that feeds an MTP head.
+void swarm_llama_set_embeddings_nextn(struct llama_context * ctx, bool value, bool masked)
+    __asm__("_Z26llama_set_embeddings_nextnP13llama_contextbb");
+
 struct swarm_span {
     struct llama_model   * model;
     struct llama_context * ctx;
@@ -158,7 +165,7 @@ static int alloc_batch(struct swarm_span * s) {
         s->mtp_rows    = malloc(n * w * sizeof(float));
         s->mtp_pending = calloc((size_t) s->n_seq_max * w, sizeof(float));
         s->mtp_tok     = malloc(n * sizeof(*s->mtp_tok));
-        s->mtp_pos     = malloc(n * sizeof(*s->mtp_pos));
+        s->mtp_pos     = malloc(n * GGML_MROPE_SECTIONS * sizeof(*s->mtp_pos));
         s->mtp_logits  = calloc(n, sizeof(*s->mtp_logits));
         if (!s->mtp_h || !s->mtp_rows || !s->mtp_pending || !s->mtp_tok || !s->mtp_pos || !s->mtp_logits) {
             return SWARM_ERR_CONTEXT;
@@ -182,13 +189,15 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
         p->flash_attn < -1 || p->flash_attn > 1) {
         return SWARM_ERR_ARG;
     }
-    if (p->mtp != 0 && (p->mtp != 1 || !p->is_last)) {
+    if (p->mtp < 0 || p->mtp > 2 || (p->mtp != 0 && !p->is_last)) {
         return SWARM_ERR_ARG;  // the head follows the model's last layer
     }
-    // a non-last span captures its boundary, an MTP span the residual its head reads
+    // a non-last span captures its boundary, an MTP span the rows its head reads: the last block's
+    // residual (mtp 1) or h_nextn (mtp 2, named without a layer: llama.cpp's cb with il = -1)
     const bool captures = !p->is_last || p->mtp;
-    if (captures && (!p->capture_name || strlen(p->capture_name) > CAPTURE_NAME_MAX ||
-                     p->capture_layer < 0)) {
+    const bool names_block = !p->is_last || p->mtp == 1;
+    if (names_block && (!p->capture_name || strlen(p->capture_name) > CAPTURE_NAME_MAX ||
+                        p->capture_layer < 0)) {
         return SWARM_ERR_ARG;
     }
     init_once();
@@ -201,8 +210,10 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
     s->require_tokens = p->require_token_ids != 0;
     s->step_tokens    = s->require_tokens || p->mtp;
     s->n_seq_max = p->n_seq_max;
-    if (captures) {
+    if (names_block) {
         snprintf(s->capture, sizeof(s->capture), "%s-%d", p->capture_name, p->capture_layer);
+    } else if (captures) {
+        snprintf(s->capture, sizeof(s->capture), "h_nextn");
     }
 
     struct llama_model_params mp = llama_model_default_params();
@@ -226,7 +237,7 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
     }
     s->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(s->model));
     // the head reads rows of the captured residual: they must be as wide as its h input
-    if ((captures && p->capture_layer >= llama_model_n_layer(s->model)) ||
+    if ((names_block && p->capture_layer >= llama_model_n_layer(s->model)) ||
         (p->mtp && llama_model_n_embd_out(s->model) != s->n_embd)) {
         swarm_span_close(s);
         return SWARM_ERR_ARG;
@@ -263,6 +274,11 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
         return SWARM_ERR_CONTEXT;
     }
     llama_set_abort_callback(s->ctx, interrupt_cb, s);
+    if (p->mtp == 2) {
+        // h_nextn of every row, not only of the rows whose logits a step asks for: some graphs
+        // (deepseek2, glm-dsa) otherwise cut the last block down to the output rows
+        swarm_llama_set_embeddings_nextn(s->ctx, true, false);
+    }
     if (p->mtp) {
         // the head's own context on the same model: same sizes and threads, one KV stream per
         // sequence over the MTP block only; it reads its h rows from the batch, so no callback
@@ -338,14 +354,18 @@ static int check_seq(const struct swarm_span * s, int32_t seq_id) {
 // M-RoPE: llama.cpp reads an embedding batch's positions section-major (pos[j * n + i]) as given,
 // but turns a token batch's one position p into (p, p, p, 0) (llm_graph_input_pos::set_input);
 // give text positions exactly that way, so a span equals the whole model fed token ids.
-static void spread_pos(struct swarm_span * s, int32_t n) {
+static void spread_pos_of(const struct swarm_span * s, llama_pos * pos, int32_t n) {
     for (int32_t j = 1; j < s->n_pos_per_token; j++) {
         if (j < 3) {
-            memcpy(s->pos + (size_t) j * n, s->pos, sizeof(*s->pos) * (size_t) n);
+            memcpy(pos + (size_t) j * n, pos, sizeof(*pos) * (size_t) n);
         } else {
-            memset(s->pos + (size_t) j * n, 0, sizeof(*s->pos) * (size_t) n);
+            memset(pos + (size_t) j * n, 0, sizeof(*pos) * (size_t) n);
         }
     }
+}
+
+static void spread_pos(struct swarm_span * s, int32_t n) {
+    spread_pos_of(s, s->pos, n);
 }
 
 static int map_decode_rc(int rc) {
@@ -402,6 +422,7 @@ static int mtp_feed(struct swarm_span * s, const struct mtp_seg * segs, int32_t 
         .seq_id   = s->seq_ptrs,
         .logits   = s->mtp_logits,
     };
+    spread_pos_of(s, s->mtp_pos, t);
     int rc = llama_decode(s->mtp_ctx, b);
     if (rc != 0) {
         return map_decode_rc(rc);
@@ -710,6 +731,7 @@ int swarm_span_mtp_draft(struct swarm_span * s, int32_t seq_id, int32_t token, f
         .seq_id   = s->seq_ptrs,
         .logits   = s->mtp_logits,
     };
+    spread_pos_of(s, s->mtp_pos, 1);
     rc = llama_decode(s->mtp_ctx, b);
     if (rc != 0) {
         llama_memory_seq_rm(s->mtp_mem, seq_id, last + 1, -1);

@@ -59,16 +59,21 @@ struct swarm_span_params {
     uint32_t     n_batch;        // max tokens per llama_decode call; longer steps are split
     uint32_t     n_ubatch;       // physical batch, <= n_batch
     int32_t      flash_attn;     // 0 off (llama-cpp-python's default), 1 on, -1 llama.cpp auto
-    const char * capture_name;   // e.g. "l_out"; ignored when is_last; copied during open
+    const char * capture_name;   // e.g. "l_out"; ignored when is_last (unless mtp is 1); copied during open
     int32_t      capture_layer;  // block index inside the span file, normally n_layers - 1
     int32_t      is_last;        // 1: return logits (needs a vocabulary), 0: return hidden states
     int32_t      require_token_ids; // 1: every step must carry token_ids (layers of the span read them,
                                  // e.g. deepseek4's hash-routed MoE layers); 0: token_ids are ignored
-    int32_t      mtp;            // 1: also run the file's multi-token-prediction head (last span only;
+    int32_t      mtp;            // also run the file's multi-token-prediction head (last span only;
                                  // the file must hold exactly one MTP block: llama.cpp's
-                                 // nextn_predict_layers = 1); every step must then carry token_ids
-                                 // and capture_name/capture_layer name the last block's residual
-                                 // (the head's h input). 0: no head
+                                 // nextn_predict_layers = 1); every step must then carry token_ids.
+                                 // The head's h input, captured for every row of a step:
+                                 // 1: the last block's residual, named by capture_name/capture_layer
+                                 //    (deepseek4's hyper-connection state l_last);
+                                 // 2: llama.cpp's "h_nextn", the output-normed residual (deepseek2,
+                                 //    glm-dsa, qwen35, qwen35moe), with the context's unmasked nextn
+                                 //    output on so the last block runs every row (capture_* ignored).
+                                 // 0: no head
 };
 
 // One forward step of one sequence.

@@ -162,8 +162,12 @@ class ArchRow:
             every architecture), are served: the final span's file keeps them (renumbered after
             its layers) and its executor runs them beside the span (csrc/swarm_span.h,
             `SpanExecutor.mtp_draft`); other spans drop them. False: slicing refuses a GGUF that
-            has MTP blocks, giving `mtp_refusal` as the reason.
-        mtp_refusal: why a row whose llama.cpp model has an MTP graph does not serve it (yet).
+            has MTP blocks (llama.cpp has no MTP graph for the architecture).
+        mtp_input: the graph tensor whose rows are the head's h input, captured for every row of
+            a step on the final span: "h_nextn" (llama.cpp's output-normed residual, `cb(cur,
+            "h_nextn", -1)`, with the context's unmasked nextn output on, as common/speculative.cpp
+            runs a target that feeds an MTP head) or "residual" (the last block's output named by
+            `capture_name`, deepseek4's hyper-connection state l_last).
         mtp_zero_keys: per-layer key suffixes whose MTP-block entries must be 0, because llama.cpp
             asserts it while building the head's graph (a file breaking it would abort the peer).
         default_keys: `(key suffix, uint)` written into a span when the source lacks the key,
@@ -203,7 +207,7 @@ class ArchRow:
     derived_layer_keys: tuple[SwaPattern | LayerTable, ...] = ()
     leading_count_keys: tuple[str, ...] = ()
     mtp_head: bool = False
-    mtp_refusal: str = ""
+    mtp_input: str = "h_nextn"
     mtp_zero_keys: tuple[str, ...] = ()
     default_keys: tuple[tuple[str, int], ...] = ()
     refused_span_lengths: tuple[int, ...] = ()
@@ -267,13 +271,6 @@ _GLM_INDEXER = LayerTable(
 _DENSE_LEAD = ("leading_dense_block_count",)
 # llama.cpp's LLM_KV_NEXTN_PREDICT_LAYERS: read for every architecture (llama-model.cpp load_hparams)
 MTP_LAYERS_KEY = "nextn_predict_layers"
-# What serving another row's MTP head needs (not built): its head reads h after the output norm
-# (llama.cpp's `h_nextn`), which the last layer computes for every row only in the unmasked nextn
-# mode of the staging API (`llama_set_embeddings_nextn`, C++ linkage), and a synthetic MTP model
-# of the row to prove the head exact against the whole model
-_MTP_NOT_BUILT = ("serving its MTP head is not built: the head reads the last layer's normed output "
-                  "for every row (llama.cpp's unmasked h_nextn), which the span executor does not "
-                  "capture, and no parity test covers it")
 
 # DeepSeek-V4: the residual stream is `hyper_connection.count` (4) copies of n_embd per token
 # (llama.cpp builds [n_embd, hc, n_tokens] from the embedding with ggml_repeat), the first
@@ -299,13 +296,13 @@ _ROWS: dict[str, ArchRow] = {
         # llama.cpp guesses a "lite" DeepSeek-V2 from the block count (26 or 27 layers, or 48 with a
         # 128,256 vocabulary) and then skips q_lora_rank: a lite model's span of another length
         # needs q_lora_rank = 0 written, and a full model's span of those lengths would load as lite
-        ArchRow(name="deepseek2", leading_count_keys=_DENSE_LEAD, mtp_refusal=_MTP_NOT_BUILT,
+        ArchRow(name="deepseek2", leading_count_keys=_DENSE_LEAD, mtp_head=True,
                 default_keys=(("attention.q_lora_rank", 0),),
                 refused_span_lengths=(26, 27, 48),
                 span_length_reason="llama.cpp takes a deepseek2 file of 26, 27 or 48 blocks for a "
                                    "'lite' model and ignores its q_lora_rank, so the span would not load"),
         # DSA: as deepseek2, plus per-layer indexer tensors and an indexer key cache per layer.
-        ArchRow(name="glm-dsa", leading_count_keys=_DENSE_LEAD, mtp_refusal=_MTP_NOT_BUILT,
+        ArchRow(name="glm-dsa", leading_count_keys=_DENSE_LEAD, mtp_head=True,
                 derived_layer_keys=(_GLM_INDEXER,),
                 cut_constraint=CutConstraint(
                     key_suffix="attention.indexer.types",
@@ -313,10 +310,10 @@ _ROWS: dict[str, ArchRow] = {
                            "the previous full-indexer layer inside the same graph; a span starting at "
                            "it would have none (measured: llama.cpp aborts), so spans start only at "
                            "full-indexer layers")),
-        ArchRow(name="qwen35", rope_neox=True, state_kind="hybrid", mtp_refusal=_MTP_NOT_BUILT,
+        ArchRow(name="qwen35", rope_neox=True, state_kind="hybrid", mtp_head=True,
                 derived_layer_keys=(_RECURRENT_PATTERN,), mixed_span=_HYBRID_MIXED,
                 pos_per_token=4),
-        ArchRow(name="qwen35moe", rope_neox=True, state_kind="hybrid", mtp_refusal=_MTP_NOT_BUILT,
+        ArchRow(name="qwen35moe", rope_neox=True, state_kind="hybrid", mtp_head=True,
                 derived_layer_keys=(_RECURRENT_PATTERN,), mixed_span=_HYBRID_MIXED,
                 pos_per_token=4),
         ArchRow(
@@ -326,6 +323,7 @@ _ROWS: dict[str, ArchRow] = {
             # the head reads the last layer's hyper-connection state l_last (captured like a
             # boundary) and is window-only: llama.cpp asserts a compress ratio of 0 for it
             mtp_head=True,
+            mtp_input="residual",
             mtp_zero_keys=("attention.compress_ratios",),
             boundary_width=4,
             residual_input=True,

@@ -6,9 +6,12 @@ one sticky stream per hop, and fails over by replay; `RemoteEngine` gives it its
 monotonic clock and asyncio's sleep, all on the `SwarmConnection`'s loop thread
 (swarm/client/connection.py, swarm/client/loop.py). The client embeds tokens itself, so only
 `[n, hidden]` hidden states cross the network (`hidden` = n_embd x the arch row's `boundary_width`),
-with each row's token id where the arch row has a `token_ids` sideband (deepseek4). A model whose
-hops cannot roll back (`ArchRow.rollback_exact` False) offers no prompt prefixes (a restore truncates
-a held snapshot to the offered length) and does not speculate (swarm/client/generate.py).
+with each row's token id where the arch row has a `token_ids` sideband (deepseek4) or the last span
+serves a multi-token-prediction head (which reads them). A model whose hops cannot roll back
+(`ArchRow.rollback_exact` False, or a served MTP head: it keeps h of its last position only) offers
+no prompt prefixes (a restore truncates a held snapshot to the offered length), and its speculation
+rolls rejected rows back from the state each hop exported before the pass
+(swarm/peer/checkpoints.py).
 `connect_swarm` joins the swarm for a model: the
 connection, the tokenizer, the embedder (fetched from seeders when given a model id) and the engine.
 
@@ -79,8 +82,9 @@ class RemoteEngine:
             token (`Forward.want_draft`; `GenerationTelemetry.mtp_drafts`), which `HeadDrafts`
             (swarm/spec/draft.py, `Client(draft="mtp")`) proposes for speculation.
         rollback_exact: the model's hops can roll a sequence back to any position
-            (`ArchRow.rollback_exact`); without it they roll back only a verify pass's rows, from
-            the state exported before it (swarm/peer/checkpoints.py), and offer no prefixes.
+            (`ArchRow.rollback_exact`, and no served MTP head); without it they roll back only a
+            verify pass's rows, from the state exported before it (swarm/peer/checkpoints.py), and
+            offer no prefixes.
     """
 
     def __init__(
@@ -100,8 +104,9 @@ class RemoteEngine:
         self._embedder = embedder
         self._chunk = prefill_chunk_tokens
         row = arch_row(manifest.arch)
-        self.rollback_exact = row.rollback_exact
-        self._token_ids = any(sb.name == "token_ids" for sb in row.sidebands)
+        head = bool(manifest.mtp_head_tensors())
+        self.rollback_exact = row.rollback_exact and not head
+        self._token_ids = head or any(sb.name == "token_ids" for sb in row.sidebands)
         self.reuse_prefixes = reuse_prefixes
         self.policy = policy or FailoverPolicy(replay_chunk_tokens=prefill_chunk_tokens)
         ctx = int(manifest.hparams.get(f"{manifest.arch}.context_length", MAX_CONTEXT_TOKENS))

@@ -58,11 +58,12 @@ class ExecutorConfig:
         require_token_ids: every step must carry its rows' token ids (the span holds layers that
             read them: the arch row's `token_ids` sideband, e.g. deepseek4's hash-routed layers).
         mtp: last span only: also run the file's multi-token-prediction head (one MTP block, kept in
-            the final span's file by slicing); steps must then carry token ids, and capture_name /
-            capture_layer name the last block's residual, which the head reads.
+            the final span's file by slicing), reading `ArchRow.mtp_input` for every row: "h_nextn"
+            (llama.cpp's output-normed residual) or "residual" (the last block's output named by
+            capture_name / capture_layer); steps must then carry token ids. "": no head.
         interruptible: `interrupt` may stop a step: the span's cache drops a stopped step's positions
-            exactly (`ArchRow.rollback_exact`). False (the default, and for hybrid and compressed
-            caches): `interrupt` does nothing.
+            exactly (`ArchRow.rollback_exact`). False (the default, for hybrid and compressed
+            caches, and for a span with an MTP head): `interrupt` does nothing.
     """
 
     n_ctx_tokens: int
@@ -75,8 +76,12 @@ class ExecutorConfig:
     n_ubatch: int = 512
     flash_attn: bool = True
     require_token_ids: bool = False
-    mtp: bool = False
+    mtp: str = ""
     interruptible: bool = False
+
+
+_MTP_MODES = {"": 0, "residual": 1, "h_nextn": 2}
+"""`ExecutorConfig.mtp` -> swarm_span_params.mtp (csrc/swarm_span.h)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,8 @@ class SpanExecutor:
         Raises:
             ExecutorError: bad config, library missing, llama.cpp failed to load or allocate.
         """
-        if not (1 <= config.n_seq_max <= 256) or config.n_ctx_tokens < 1 or config.n_threads < 1:
+        if (not (1 <= config.n_seq_max <= 256) or config.n_ctx_tokens < 1 or config.n_threads < 1
+                or config.mtp not in _MTP_MODES):
             raise ExecutorError(f"bad executor config: {config}")
         self._so = _lib.lib()
         self._config = config
@@ -125,7 +131,7 @@ class SpanExecutor:
             capture_layer=config.capture_layer,
             is_last=1 if config.is_last else 0,
             require_token_ids=1 if config.require_token_ids else 0,
-            mtp=1 if config.mtp else 0,
+            mtp=_MTP_MODES[config.mtp],
         )
         handle = ctypes.c_void_p()
         rc = self._so.swarm_span_open(ctypes.byref(params), ctypes.byref(handle))
@@ -153,12 +159,15 @@ class SpanExecutor:
         row = arch_row(arch)
         span = build_span(model_path, start, end, cache_dir=cache_dir, model_id=model_id)
         is_last = end == n_layers
+        mtp = is_last and span_has_mtp(span)
         config = ExecutorConfig(n_ctx_tokens=n_ctx_tokens, n_seq_max=n_seq_max, n_threads=n_threads,
                                 is_last=is_last, capture_name=row.capture_name,
                                 capture_layer=end - start - 1, n_batch=n_batch,
                                 n_ubatch=n_batch, flash_attn=flash_attn,
                                 require_token_ids=span_reads_token_ids(span),
-                                mtp=is_last and span_has_mtp(span), interruptible=row.rollback_exact)
+                                mtp=row.mtp_input if mtp else "",
+                                # the head keeps h of the last position only: no cut into the sequence
+                                interruptible=row.rollback_exact and not mtp)
         return cls(span, config)
 
     @property
@@ -181,12 +190,12 @@ class SpanExecutor:
     def needs_token_ids(self) -> bool:
         """Every step must carry its rows' token ids (`BatchStep.token_ids`): the span's layers or
         its MTP head read them."""
-        return self._config.require_token_ids or self._config.mtp
+        return self._config.require_token_ids or self.has_mtp
 
     @property
     def has_mtp(self) -> bool:
         """The span runs the model's multi-token-prediction head (`mtp_draft`)."""
-        return self._config.mtp
+        return bool(self._config.mtp)
 
     @property
     def n_vocab(self) -> int:
@@ -262,8 +271,9 @@ class SpanExecutor:
     @property
     def can_truncate(self) -> bool:
         """`truncate` can cut the sequence back to any earlier position: the architecture's cache
-        rolls back exactly (`ArchRow.rollback_exact`, recorded as `ExecutorConfig.interruptible`, which
-        needs the same). False for a recurrent or compressed state: only a clear (position 0)."""
+        rolls back exactly (`ArchRow.rollback_exact`) and the span serves no MTP head, recorded as
+        `ExecutorConfig.interruptible`, which needs the same. False for a recurrent or compressed
+        state or a span with a head: only a clear (position 0)."""
         return self._config.interruptible
 
     def interrupt(self, on: bool = True) -> None:

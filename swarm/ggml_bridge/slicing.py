@@ -1,10 +1,10 @@
 """Build the GGUF a peer loads to run layers [start, end) of a model on unmodified llama.cpp.
 
 The span file holds blocks start..end-1 renumbered from 0, `<arch>.block_count = end - start`, and
-every metadata key of the source with per-layer arrays cut to the span. Only the final span
-(end == n_layers) carries the vocabulary and the output head; other spans carry a one-token dummy
-vocabulary and a one-row dummy `token_embd`, so llama.cpp does not compute a full lm_head on every
-peer. Spans take hidden states as input (the client embeds tokens), so no span needs the real
+every metadata key of the source with per-layer arrays cut to the span (swarm.ggml_bridge.span_metadata).
+Only the final span (end == n_layers) carries the vocabulary and the output head; other spans carry
+a one-token dummy vocabulary and a one-row dummy `token_embd`, so llama.cpp does not compute a full
+lm_head on every peer. Spans take hidden states as input (the client embeds tokens), so no span needs the real
 embedding table except a final span whose head is tied to it.
 
 Multi-token-prediction (MTP) blocks: llama.cpp stores them after the last layer and counts them in
@@ -33,20 +33,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter
 
-from swarm.arch import MTP_LAYERS_KEY, ArchRow, LayerTable, SwaPattern, arch_row
+from swarm.arch import MTP_LAYERS_KEY, ArchRow, arch_row
 from swarm.errors import ModelError
 from swarm import span_rules
 from swarm.ggml_bridge.gguf_header import GGUFHeader, scan
-from swarm.ggml_bridge.gguf_raw import RawArrayWriter, add_raw_tensor, read_array, tensor_bytes
+from swarm.ggml_bridge.gguf_raw import RawArrayWriter, add_raw_tensor, tensor_bytes
+from swarm.ggml_bridge.span_metadata import copy_metadata, reads_token_ids
 
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 _HEAD_TENSORS = ("output.weight", "output.bias")
 _EMBD_TENSOR = "token_embd.weight"
-SPAN_START_KEY = "swarm.span.start"
-SPAN_END_KEY = "swarm.span.end"
-SPAN_N_LAYERS_KEY = "swarm.span.n_layers"
 
 
 def default_cache_dir() -> Path:
@@ -168,7 +166,7 @@ def build_span(model_path: Path, start: int, end: int, cache_dir: Path | None = 
         is_last = end == n_layers
         meta = arch_metadata(header, arch)
         keep_mtp = n_mtp if is_last else 0  # only the final span serves the head (_refuse_span)
-        _copy_metadata(model_path, header, writer, row, start, end, n_layers, keep_mtp, is_last, meta)
+        copy_metadata(model_path, header, writer, row, start, end, n_layers, keep_mtp, is_last, meta)
         data = _map(model_path)
         _copy_tensors(header, data, writer, start, end, n_layers, keep_mtp, is_last, row.residual_input)
         writer.write_header_to_file()
@@ -192,9 +190,9 @@ def _refuse_span(model_path: Path, row: ArchRow, start: int, end: int, n_layers:
     header = scan(model_path)
     n_mtp = mtp_layers(model_path)
     if n_mtp and not row.mtp_head:
-        why = row.mtp_refusal or f"llama.cpp has no MTP head for {arch}"
         raise ModelError(f"{model_path}: the GGUF carries {n_mtp} multi-token-prediction block(s) "
-                         f"({arch}.{MTP_LAYERS_KEY}); {why}; serve a trunk-only conversion")
+                         f"({arch}.{MTP_LAYERS_KEY}); llama.cpp has no MTP head for {arch}; serve a "
+                         "trunk-only conversion")
     meta = arch_metadata(header, arch)
     for suffix in row.mtp_zero_keys if n_mtp else ():
         values = meta.get(f"{arch}.{suffix}")
@@ -212,120 +210,6 @@ def _map(path: Path) -> np.memmap:
         return np.memmap(path, dtype=np.uint8, mode="r")
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot read GGUF {path}: {e}") from e
-
-
-def _copy_metadata(path: Path, header: GGUFHeader, writer: GGUFWriter, row: ArchRow, start: int,
-                   end: int, n_layers: int, keep_mtp: int, is_last: bool, meta: dict[str, Any]) -> None:
-    """Metadata of span [start, end): per-layer arrays (one value per block of the source, MTP
-    blocks included) cut to the span's blocks, then its `keep_mtp` MTP blocks' values; the MTP key
-    only where the span keeps them. Other arrays (the vocabulary) are copied as their raw bytes."""
-    arch = row.name
-    prefix = f"{arch}."
-    per_layer = {prefix + k for k in row.per_layer_keys}
-    leading = {prefix + k for k in row.leading_count_keys}
-    n_blocks = int(header.scalars[f"{arch}.block_count"])
-    dropped = set() if keep_mtp else {prefix + MTP_LAYERS_KEY}
-    no_window = _windows_unused(header, meta, row, start, end, n_layers)
-    # a span that reads token ids validates them against its vocabulary (and indexes tables by them)
-    keeps_vocab = is_last or _reads_token_ids(row, meta, start)
-    for key, vtype in header.value_types.items():
-        if key == "general.architecture" or key in dropped:
-            continue
-        if key in no_window:
-            # no layer of the span uses the window: llama.cpp asserts is_swa_any() when a model has
-            # a window but no window layer, so the span says "no window" (same graph for its layers)
-            writer.add_uint32(key, 0)
-            continue
-        if key in leading:
-            # counts the model's first layers of a kind: in the span file they are the first
-            # max(0, v - start) blocks (llama.cpp compares the file's block index with it)
-            writer.add_uint32(key, min(max(int(header.scalars[key]) - start, 0), end - start))
-            continue
-        if not keeps_vocab and key.startswith("tokenizer."):
-            continue
-        if not keeps_vocab and key == f"{arch}.vocab_size":
-            continue
-        if key == f"{arch}.block_count":
-            writer.add_uint32(key, end - start + keep_mtp)
-            continue
-        if vtype != GGUFValueType.ARRAY:
-            writer.add_key_value(key, header.scalars[key], GGUFValueType(vtype))
-            continue
-        sub = GGUFValueType(header.array_types[key])
-        length = header.array_lengths[key]
-        if key.startswith(prefix) and (key in per_layer or length == n_blocks):
-            if length != n_blocks:
-                raise ModelError(f"per-layer key {key} has {length} values for {n_blocks} blocks")
-            values = header.small_arrays.get(key) or list(read_array(path, header, key))
-            writer.add_key_value(key, values[start:end] + values[n_layers:n_layers + keep_mtp],
-                                 GGUFValueType.ARRAY, sub_type=sub)
-        else:
-            writer.add_key_value(key, read_array(path, header, key), GGUFValueType.ARRAY, sub_type=sub)
-    for pat in (row.swa_pattern, *row.derived_layer_keys):
-        if pat is not None:
-            _write_derived(header, writer, row.name, pat, start, end, n_layers)
-    for suffix, value in row.default_keys:
-        if f"{arch}.{suffix}" not in header.value_types:
-            writer.add_uint32(f"{arch}.{suffix}", value)
-    if not keeps_vocab:
-        writer.add_string("tokenizer.ggml.model", "no_vocab")
-        writer.add_uint32(f"{arch}.vocab_size", 1)
-    if row.residual_input:
-        writer.add_bool(f"{arch}.residual_input", True)
-    writer.add_uint32(SPAN_START_KEY, start)
-    writer.add_uint32(SPAN_END_KEY, end)
-    writer.add_uint32(SPAN_N_LAYERS_KEY, n_layers)
-
-
-def _positive_scalar(header: GGUFHeader, key: str) -> bool:
-    value = header.scalars.get(key)
-    return isinstance(value, (int, float)) and value > 0
-
-
-def _windows_unused(header: GGUFHeader, meta: dict[str, Any], row: ArchRow, start: int, end: int,
-                    n_layers: int) -> set[str]:
-    """Window keys (`<arch>.<window_key_suffix>`) of patterns none of whose span layers is flagged."""
-    out = set()
-    for pat in (row.swa_pattern, *row.derived_layer_keys):
-        if not isinstance(pat, SwaPattern) or pat.window_key_suffix is None:
-            continue
-        key = f"{row.name}.{pat.window_key_suffix}"
-        if not _positive_scalar(header, key):
-            continue
-        flags = span_rules.pattern_flags(row, pat, meta, n_layers)[start:end]
-        if not any(flags):
-            out.add(key)
-    return out
-
-
-def _write_derived(header: GGUFHeader, writer: GGUFWriter, arch: str, pat: SwaPattern | LayerTable,
-                   start: int, end: int, n_layers: int) -> None:
-    """Write a per-layer array explicitly when the source leaves llama.cpp to derive it by index."""
-    if isinstance(pat, LayerTable):
-        key = f"{arch}.{pat.key_suffix}"
-        if key in header.value_types:
-            return  # already per layer: cut by _copy_metadata
-        ctx = int(header.scalars.get(f"{arch}.context_length", 0))
-        values = pat.values(n_layers, ctx)[start:end]
-        writer.add_key_value(key, values, GGUFValueType.ARRAY, sub_type=GGUFValueType.UINT32)
-        return
-    # (a span none of whose layers uses the window has it set to 0; the flags are harmless)
-    if pat.window_key_suffix is not None and not _positive_scalar(header, f"{arch}.{pat.window_key_suffix}"):
-        return
-    key = f"{arch}.{pat.key_suffix}"
-    array_key = f"{arch}.{pat.array_key_suffix}" if pat.array_key_suffix else key
-    if header.value_types.get(array_key) == GGUFValueType.ARRAY:
-        return  # already per layer: cut by _copy_metadata
-    period = int(header.scalars[key]) if key in header.scalars else pat.default_period
-    flags = pat.flags(n_layers, period)[start:end]
-    writer.add_key_value(array_key, flags, GGUFValueType.ARRAY, sub_type=GGUFValueType.BOOL)
-
-
-def _reads_token_ids(row: ArchRow, meta: dict[str, Any], start: int) -> bool:
-    """Span [start, ...) holds a layer that reads token ids (a `token_ids` sideband's leading layers)."""
-    return any(sb.name == "token_ids" and
-               (sb.when_key is None or int(meta.get(f"{row.name}.{sb.when_key}", 0)) > start)
-               for sb in row.sidebands)
 
 
 def span_has_mtp(span_path: Path) -> bool:
@@ -348,7 +232,7 @@ def span_reads_token_ids(span_path: Path) -> bool:
     arch = str(header.scalars.get("general.architecture", ""))
     row = arch_row(arch)
     # in a span file the leading counts are already cut to the span: layers from 0 read them
-    return _reads_token_ids(row, arch_metadata(header, arch), 0)
+    return reads_token_ids(row, arch_metadata(header, arch), 0)
 
 
 def _copy_tensors(header: GGUFHeader, data: np.memmap, writer: GGUFWriter, start: int, end: int,

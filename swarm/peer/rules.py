@@ -112,8 +112,8 @@ def token_ids_refusal(n_ids: int, reads_token_ids: bool, start: int, end: int) -
     there are 0 or one per row) is refused by span [start, end), or None. A span whose layers read
     token ids (`SpanExecutor.needs_token_ids`) needs them; the others ignore them."""
     if reads_token_ids and not n_ids:
-        return (f"layers [{start}, {end}) read token ids (hash-routed experts): a Forward must carry "
-                f"its rows' token_ids")
+        return (f"layers [{start}, {end}) read token ids (hash-routed experts or a multi-token-prediction "
+                f"head): a Forward must carry its rows' token_ids")
     return None
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from swarm.arch import arch_row
+from swarm.ggml_bridge.slicing import read_span_layers
 from swarm.numeric import UBATCH_TOKENS
 from tests.helpers.oracle import N_DECODE, N_THREADS
 
@@ -53,15 +55,20 @@ def run_mtp_oracle(model_path: Path, prompt: list[int], n_vocab: int, n_decode: 
     fn = lib.swarm_mtp_oracle_run
     fn.restype = ctypes.c_int
     ptr = ctypes.c_void_p
-    fn.argtypes = [ctypes.c_char_p, ptr, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
-                   ctypes.c_int32, ptr, ptr, ptr, ptr]
+    i32 = ctypes.c_int32
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr]
     ids = np.asarray(prompt, dtype=np.int32)
     prefill = np.zeros((len(ids), n_vocab), dtype=np.float32)
     steps = np.zeros((n_decode, n_vocab), dtype=np.float32)
     tokens = np.zeros(n_decode, dtype=np.int32)
     drafts = np.zeros((n_decode + 1, n_vocab), dtype=np.float32)
-    rc = fn(str(model_path).encode(), ids.ctypes.data, len(ids), n_decode, UBATCH_TOKENS, N_THREADS, n_vocab,
-            prefill.ctypes.data, steps.ctypes.data, tokens.ctypes.data, drafts.ctypes.data)
+    arch, n_layers = read_span_layers(model_path)
+    row = arch_row(arch)
+    # the tensor the head reads, as the span executor captures it (ArchRow.mtp_input)
+    h_name = "h_nextn" if row.mtp_input == "h_nextn" else f"{row.capture_name}-{n_layers - 1}"
+    rc = fn(str(model_path).encode(), h_name.encode(), ids.ctypes.data, len(ids), n_decode, UBATCH_TOKENS,
+            N_THREADS, n_vocab, prefill.ctypes.data, steps.ctypes.data, tokens.ctypes.data,
+            drafts.ctypes.data)
     if rc != 0:
         raise RuntimeError(f"MTP oracle on {model_path}: {_STATUS.get(rc, rc)}")
     return MtpOracle(prefill_logits=prefill, tokens=[int(t) for t in tokens], step_logits=steps,

@@ -445,6 +445,43 @@ def deepseek4_mtp() -> SyntheticSpec:
     return SyntheticSpec("deepseek4", n_trunk + 1, meta, base.globals_, block, seed=11)
 
 
+_NEXTN_CORE = (("nextn.eh_proj.weight", (2 * N_EMBD, N_EMBD)), ("nextn.enorm.weight", (N_EMBD,)),
+               ("nextn.hnorm.weight", (N_EMBD,)))
+_NEXTN_OPTIONAL = {"shared_head_norm": ("nextn.shared_head_norm.weight", (N_EMBD,)),
+                   "shared_head_head": ("nextn.shared_head_head.weight", (N_EMBD, N_VOCAB)),
+                   "embed_tokens": ("nextn.embed_tokens.weight", (N_EMBD, N_VOCAB))}
+
+
+def with_mtp(arch: str, like: int, optional: tuple[str, ...] = ()) -> SyntheticSpec:
+    """`SPECS[arch]` with one multi-token-prediction block appended, as llama.cpp stores it: block
+    n_layers, counted in `block_count` and named by `nextn_predict_layers` (1). The block holds the
+    tensors of trunk block `like` (the kind llama.cpp's loader builds an MTP block as: a full-attention
+    block for qwen35 / qwen35moe, a MoE block for deepseek2 / glm-dsa) plus `nextn.eh_proj` and the
+    `nextn.enorm` / `nextn.hnorm` norms, and the `optional` nextn tensors named (keys of
+    `_NEXTN_OPTIONAL`): without them llama.cpp's MTP graph reads the model's `token_embd`,
+    `output_norm` and `output`."""
+    base = SPECS[arch]()
+    n_trunk = base.n_layers
+    extra = [_NEXTN_OPTIONAL[k] for k in optional]
+    meta = base.metadata + (_u32("nextn_predict_layers", 1),)
+
+    def block(il: int) -> list[tuple[str, Shape]]:
+        return base.block(il) if il < n_trunk else [*base.block(like), *_NEXTN_CORE, *extra]
+
+    return SyntheticSpec(arch, n_trunk + 1, meta, base.globals_, block, seed=base.seed + 100)
+
+
+MTP_SPECS: dict[str, Callable[[], SyntheticSpec]] = {
+    "deepseek4": lambda: deepseek4_mtp(),
+    "deepseek2": lambda: with_mtp("deepseek2", like=_N_DENSE_LEAD),
+    "glm-dsa": lambda: with_mtp("glm-dsa", like=_N_DENSE_LEAD,
+                                optional=("embed_tokens", "shared_head_head", "shared_head_norm")),
+    "qwen35": lambda: with_mtp("qwen35", like=_FULL_ATTN_INTERVAL - 1, optional=("shared_head_norm",)),
+    "qwen35moe": lambda: with_mtp("qwen35moe", like=_FULL_ATTN_INTERVAL - 1),
+}
+"""Every architecture whose MTP head is served (`ArchRow.mtp_head`), with a synthetic MTP model."""
+
+
 SPECS: dict[str, Callable[[], SyntheticSpec]] = {
     "llama": _llama, "qwen2": _qwen2, "gemma3": _gemma3, "qwen3moe": _qwen3moe, "deepseek2": _deepseek2,
     "glm-dsa": _glm_dsa, "qwen35": _qwen35, "qwen35moe": _qwen35moe, "deepseek4": _deepseek4,

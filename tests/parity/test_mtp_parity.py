@@ -1,10 +1,13 @@
 """A model's multi-token-prediction (MTP) head, served on the last span, equals the whole model's.
 
-The model is the synthetic DeepSeek-V4 with one MTP block (`tests.helpers.synthetic.deepseek4_mtp`:
-4 layers + block 4). The reference is `tests.helpers.mtp_oracle` (llama.cpp's target and MTP
-contexts on the whole file, driven as common/speculative.cpp drives them); the chain runner is
+The models are the synthetic ones with one MTP block of every architecture whose head is served
+(`tests.helpers.synthetic.MTP_SPECS`: deepseek4, whose head reads the last block's hyper-connection
+residual, and deepseek2, glm-dsa, qwen35, qwen35moe, whose heads read llama.cpp's output-normed
+`h_nextn`). The reference is `tests.helpers.mtp_oracle` (llama.cpp's target and MTP contexts on the
+whole file, driven as common/speculative.cpp drives them); the chain runner is
 `tests.helpers.chains`. Drafts are the head's logits for the token after the one fed next: after the
-prompt and after each of N_DECODE greedy steps.
+prompt and after each of N_DECODE greedy steps. The tests of the head's bookkeeping (export, import,
+truncation, batches, a failed step) run on deepseek4.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType
 
+from swarm.arch import arch_row
 from swarm.artifacts.distribute import span_ranges
 from swarm.errors import ExecutorError, ModelError
 from swarm.ggml_bridge.embed import TokenEmbedder
@@ -27,7 +31,7 @@ from swarm.manifest import Manifest, build_manifest
 from tests.helpers.chains import chain_forward, open_chain
 from tests.helpers.mtp_oracle import run_mtp_oracle
 from tests.helpers.oracle import N_DECODE, N_THREADS
-from tests.helpers.synthetic import N_VOCAB, deepseek4_mtp, with_layers, write_synthetic
+from tests.helpers.synthetic import MTP_SPECS, N_VOCAB, deepseek4_mtp, with_layers, write_synthetic
 from tests.parity.test_synthetic_parity import SYNTH_PROMPT
 
 N_TRUNK = 4  # the synthetic model's layers; its MTP block is block 4
@@ -53,9 +57,39 @@ def _close(chain: list[SpanExecutor]) -> None:
         ex.close()
 
 
-@pytest.mark.parametrize("cuts", [(1,), (2,), (1, 3)], ids=lambda c: "-".join(map(str, c)))
-def test_mtp_head_on_the_last_span_drafts_what_the_whole_model_drafts(cuts, mtp_model, prompt, mtp_oracle,
-                                                                      oracle_for, span_cache):
+# legal cuts of each model (glm-dsa's spans start at full-indexer layers, every qwen35 span holds both
+# layer kinds); two spans and three
+_CUTS = [("deepseek4", (1,)), ("deepseek4", (2,)), ("deepseek4", (1, 3)), ("deepseek2", (2,)),
+         ("deepseek2", (1, 3)), ("glm-dsa", (3,)), ("glm-dsa", (1, 3)), ("qwen35", (2,)), ("qwen35", (2, 4)),
+         ("qwen35moe", (4,))]
+
+
+@pytest.fixture(scope="module")
+def mtp_models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("mtp-all")
+    return {arch: write_synthetic(arch, root / f"{arch}-mtp.gguf", spec=spec())
+            for arch, spec in MTP_SPECS.items()}
+
+
+def test_every_architecture_with_an_mtp_graph_serves_it():
+    """A row is served iff it has a synthetic MTP model proving it (this file), and each row's head
+    reads the tensor llama.cpp's MTP driver gives it."""
+    served = {name for name in ("llama", "qwen2", "gemma3", "qwen3moe", "deepseek2", "glm-dsa", "qwen35",
+                                "qwen35moe", "deepseek4") if arch_row(name).mtp_head}
+    assert served == set(MTP_SPECS)
+    assert {name: arch_row(name).mtp_input for name in served} == {
+        "deepseek4": "residual", "deepseek2": "h_nextn", "glm-dsa": "h_nextn", "qwen35": "h_nextn",
+        "qwen35moe": "h_nextn"}
+
+
+@pytest.mark.parametrize("arch,cuts", _CUTS, ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v)))
+def test_mtp_head_on_the_last_span_drafts_what_the_whole_model_drafts(arch, cuts, mtp_models, oracle_for,
+                                                                      span_cache):
+    mtp_model = mtp_models[arch]
+    assert legal_starts(mtp_model)[1:] == sorted(set(legal_starts(mtp_model)[1:]))
+    assert set(cuts) <= set(legal_starts(mtp_model))
+    prompt = oracle_for(mtp_model, SYNTH_PROMPT).prompt
+    mtp_oracle = run_mtp_oracle(mtp_model, prompt, N_VOCAB)
     # loading the MTP block leaves the whole model's own logits as llama-cpp-python's
     plain = oracle_for(mtp_model, SYNTH_PROMPT)
     assert np.abs(mtp_oracle.prefill_logits - plain.prefill_logits).max() == 0.0
@@ -80,6 +114,11 @@ def test_mtp_head_on_the_last_span_drafts_what_the_whole_model_drafts(cuts, mtp_
         assert np.abs(got - mtp_oracle.draft_logits).max() == 0.0
         assert np.argmax(got, axis=1).tolist() == np.argmax(mtp_oracle.draft_logits, axis=1).tolist()
         assert [ex.pos_max(0) for ex in chain] == [pos - 1] * len(chain)  # drafts add no position
+        # a prefill asking only its last row's logits (as peers do) still feeds the head every row
+        # (the head's h rows come before the output head, whose one-row product may round apart)
+        last_only = chain_forward(chain, embedder, 1, 0, prompt)
+        assert int(np.argmax(last_only[0])) == mtp_oracle.tokens[0]
+        assert np.abs(chain[-1].mtp_draft(1, mtp_oracle.tokens[0]) - mtp_oracle.draft_logits[0]).max() == 0.0
     finally:
         _close(chain)
 

@@ -204,7 +204,7 @@ def test_synthetic_deepseek2_lite_spans_equal_the_whole_model(tmp_path, span_cac
                 ex.close()
 
 
-def test_synthetic_deepseek2_refuses_lengths_llama_cpp_takes_for_lite_and_mtp_files(tmp_path):
+def test_synthetic_deepseek2_refuses_lengths_llama_cpp_takes_for_lite_and_unserved_mtp_files(tmp_path):
     from tests.helpers.synthetic import SPECS as specs
     from tests.helpers.synthetic import with_layers
 
@@ -214,9 +214,10 @@ def test_synthetic_deepseek2_refuses_lengths_llama_cpp_takes_for_lite_and_mtp_fi
     with pytest.raises(ValueError, match="of 26 layers"):
         build_span(path, 2, 28, cache_dir=tmp_path)
     assert build_span(path, 0, 25, cache_dir=tmp_path).exists()
-    mtp = with_layers(specs["deepseek2"](), 5, (("nextn_predict_layers", 1, GGUFValueType.UINT32, None),))
-    path = write_synthetic("deepseek2", tmp_path / "mtp.gguf", spec=mtp)
-    with pytest.raises(ModelError, match="multi-token-prediction block.*serving its MTP head is not built"):
+    # llama.cpp has no MTP graph for llama: a file claiming a block is refused, not served half
+    mtp = with_layers(specs["llama"](), 5, (("nextn_predict_layers", 1, GGUFValueType.UINT32, None),))
+    path = write_synthetic("llama", tmp_path / "mtp.gguf", spec=mtp)
+    with pytest.raises(ModelError, match="1 multi-token-prediction block.*no MTP head for llama"):
         build_span(path, 0, 2, cache_dir=tmp_path)
 
 

@@ -1,0 +1,69 @@
+"""The multi-token-prediction heads that read llama.cpp's `h_nextn` (`ArchRow.mtp_input`), served by
+real peers: synthetic qwen35 (hybrid recurrent cache, M-RoPE positions) and deepseek2 (MLA, a cache
+that truncates, but whose last span's head keeps h of its last position only) with one MTP block each,
+on two peers apiece, the last span serving the head.
+
+`Client(draft="mtp")` speculates with the head's guesses over a pushed route: the tokens are the
+whole model's (llama.cpp, tests/helpers/oracle.py) and every guess the route answers is the whole
+model's head's (tests/helpers/mtp_oracle.py), with guesses kept and guesses rolled back on every hop
+from the state it exported before the pass (swarm/peer/checkpoints.py). deepseek2's route sends each
+row's token id (its layers read none: the head does) and rolls back as a non-truncating route does,
+with no prefix offers. The deepseek4 head (the last block's residual) is covered by
+tests/integration/test_deepseek4_peers.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from swarm import Client
+from swarm.manifest import build_manifest
+from tests.helpers.mtp_oracle import run_mtp_oracle
+from tests.helpers.oracle import N_DECODE, PROMPT, run_oracle
+from tests.helpers.peers import PeerSet, serve_args
+from tests.helpers.synthetic import MTP_SPECS, N_VOCAB, write_synthetic
+
+TEXT = PROMPT[:70]  # 71 tokens with BOS: a 64-row chunk and a short one on every peer
+SPANS = {"qwen35": ("0:2", "2:6"), "deepseek2": ("0:2", "2:5")}
+
+
+@pytest.fixture(scope="module", params=sorted(SPANS))
+def mtp_swarm(request, tmp_path_factory):
+    arch = request.param
+    path = write_synthetic(arch, tmp_path_factory.mktemp(f"{arch}_mtp") / f"{arch}-mtp.gguf",
+                           spec=MTP_SPECS[arch]())
+    ps = PeerSet(tmp_path_factory.mktemp(f"{arch}_mtp_peers"))
+    first, last = SPANS[arch]
+    p0 = ps.start("m0", *serve_args(path, first, "--new-swarm"))
+    ps.start("m1", *serve_args(path, last, "--initial-peers", p0.maddrs[0]))
+    yield path, p0
+    ps.stop_all()
+    for p in ps.started:
+        assert p.proc.returncode == 0, p.stderr_text()[-2000:]
+
+
+def test_speculation_with_an_h_nextn_head_gives_the_whole_models_tokens(mtp_swarm):
+    """Every pass verifies the head's guess; the random head's guesses are almost never the trunk's
+    token, so nearly every pass rolls back, the head's cache and its h with it: a guess answered
+    after a rollback that left a rejected row in the head's cache would not be the whole model's."""
+    path, first = mtp_swarm
+    assert build_manifest(path).mtp_head_tensors()
+    prompt = run_oracle(path, TEXT).prompt
+    want = run_mtp_oracle(path, prompt, N_VOCAB)
+    heads = {len(prompt) + 1 + i: d for i, d in enumerate(np.argmax(want.draft_logits, axis=1).tolist())}
+    tokens_at = {len(prompt) + i: t for i, t in enumerate(want.tokens)}
+    assert len(set(heads.values())) > 3  # random weights: the guesses vary, so equality is a real check
+    with Client(str(path), initial_peers=first.maddrs, draft="mtp", adaptive_speculation=False) as client:
+        engine = client._engine  # noqa: SLF001 - the engine's documented attributes
+        assert not engine.rollback_exact and engine.push
+        got = client.stream_tokens(prompt, max_new_tokens=N_DECODE, speculate=4).run()
+    n = len(got.tokens)
+    assert n >= 8 and got.tokens == want.tokens[:n]
+    spec = got.telemetry.speculation
+    assert spec.passes > 0 and spec.drafted == spec.passes  # one guess per pass: the head's
+    drafts = got.telemetry.mtp_drafts
+    assert drafts and all(drafts[p] == (heads[p],) for p in drafts)
+    assert spec.accepted < spec.drafted  # guesses rolled back on every hop
+    assert spec.accepted <= sum(heads[p] == tokens_at.get(p) for p in drafts)
+    assert got.telemetry.route[-1].pushed_steps > 0 and not got.telemetry.failovers
