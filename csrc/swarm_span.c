@@ -14,6 +14,10 @@
 #include "llama.h"
 
 #define CAPTURE_NAME_MAX 64
+// Rows of each sequence the MTP head keeps beside its cache (token and h input of its last fed
+// positions), so swarm_span_mtp_draft_at can draft from up to this many positions back: a verify
+// pass of that many rows whose later rows are rejected (speculation with the head drafts one row).
+#define MTP_RING 8
 
 // llama.cpp's staging API (src/llama-ext.h) has C++ linkage and is not in the installed headers:
 // this binds a C declaration to its mangled symbol (Itanium ABI: bool passes as in C). It makes the
@@ -77,6 +81,12 @@ struct swarm_span {
     llama_token  * mtp_tok;
     llama_pos    * mtp_pos;
     int8_t       * mtp_logits;
+    // per sequence, what the head was fed at its last MTP_RING positions: position p at slot
+    // p % MTP_RING ([n_seq_max, MTP_RING] tokens, [n_seq_max, MTP_RING, n_embd] h inputs), valid
+    // from mtp_ring_lo (the first position fed since the sequence was emptied or imported)
+    llama_token  * mtp_ring_tok;
+    float        * mtp_ring_h;
+    llama_pos    * mtp_ring_lo;
 };
 
 // One sequence's rows of an MTP feed: the next n rows of the captured h, at pos0.. of seq_id.
@@ -167,8 +177,16 @@ static int alloc_batch(struct swarm_span * s) {
         s->mtp_tok     = malloc(n * sizeof(*s->mtp_tok));
         s->mtp_pos     = malloc(n * GGML_MROPE_SECTIONS * sizeof(*s->mtp_pos));
         s->mtp_logits  = calloc(n, sizeof(*s->mtp_logits));
-        if (!s->mtp_h || !s->mtp_rows || !s->mtp_pending || !s->mtp_tok || !s->mtp_pos || !s->mtp_logits) {
+        const size_t ring = (size_t) s->n_seq_max * MTP_RING;
+        s->mtp_ring_tok = malloc(ring * sizeof(*s->mtp_ring_tok));
+        s->mtp_ring_h   = malloc(ring * w * sizeof(float));
+        s->mtp_ring_lo  = malloc((size_t) s->n_seq_max * sizeof(*s->mtp_ring_lo));
+        if (!s->mtp_h || !s->mtp_rows || !s->mtp_pending || !s->mtp_tok || !s->mtp_pos || !s->mtp_logits ||
+            !s->mtp_ring_tok || !s->mtp_ring_h || !s->mtp_ring_lo) {
             return SWARM_ERR_CONTEXT;
+        }
+        for (uint32_t q = 0; q < s->n_seq_max; q++) {
+            s->mtp_ring_lo[q] = INT32_MAX;
         }
     }
     for (size_t i = 0; i < n; i++) {
@@ -330,6 +348,9 @@ void swarm_span_close(struct swarm_span * s) {
     free(s->mtp_tok);
     free(s->mtp_pos);
     free(s->mtp_logits);
+    free(s->mtp_ring_tok);
+    free(s->mtp_ring_h);
+    free(s->mtp_ring_lo);
     free(s);
 }
 
@@ -378,6 +399,7 @@ static void clear_seq(struct swarm_span * s, int32_t seq_id) {
     if (s->mtp_ctx) {
         llama_memory_seq_rm(s->mtp_mem, seq_id, -1, -1);
         memset(s->mtp_pending + (size_t) seq_id * s->n_embd, 0, sizeof(float) * (size_t) s->n_embd);
+        s->mtp_ring_lo[seq_id] = INT32_MAX;
     }
 }
 
@@ -389,6 +411,7 @@ static void undo_step(struct swarm_span * s, int32_t seq_id, int32_t pos0, const
     if (s->mtp_ctx) {
         ok = llama_memory_seq_rm(s->mtp_mem, seq_id, pos0, -1) && ok;
         memcpy(s->mtp_pending + (size_t) seq_id * s->n_embd, saved, sizeof(float) * (size_t) s->n_embd);
+        s->mtp_ring_lo[seq_id] = INT32_MAX;  // the step's rows may have replaced kept ones
     }
     if (!ok) {
         clear_seq(s, seq_id);
@@ -429,8 +452,17 @@ static int mtp_feed(struct swarm_span * s, const struct mtp_seg * segs, int32_t 
     }
     t = 0;
     for (int32_t k = 0; k < n_segs; k++) {
-        t += segs[k].n;
-        memcpy(s->mtp_pending + (size_t) segs[k].seq_id * w, s->mtp_h + (size_t) (t - 1) * w, w * sizeof(float));
+        const struct mtp_seg * g = &segs[k];
+        for (int32_t i = 0; i < g->n; i++) {
+            const size_t slot = (size_t) g->seq_id * MTP_RING + (size_t) ((g->pos0 + i) % MTP_RING);
+            s->mtp_ring_tok[slot] = g->tokens[i];
+            memcpy(s->mtp_ring_h + slot * w, s->mtp_rows + (size_t) (t + i) * w, w * sizeof(float));
+        }
+        if (g->pos0 < s->mtp_ring_lo[g->seq_id]) {
+            s->mtp_ring_lo[g->seq_id] = g->pos0;
+        }
+        t += g->n;
+        memcpy(s->mtp_pending + (size_t) g->seq_id * w, s->mtp_h + (size_t) (t - 1) * w, w * sizeof(float));
     }
     return SWARM_OK;
 }
@@ -746,6 +778,74 @@ int swarm_span_mtp_draft(struct swarm_span * s, int32_t seq_id, int32_t token, f
     return lg ? SWARM_OK : SWARM_ERR_DECODE;
 }
 
+int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token, int32_t pos, float * out,
+                            size_t out_cap) {
+    int rc = check_seq(s, seq_id);
+    if (rc != SWARM_OK) {
+        return rc;
+    }
+    const llama_pos last = llama_memory_seq_pos_max(s->mem, seq_id);
+    if (pos == last + 1) {
+        return swarm_span_mtp_draft(s, seq_id, token, out, out_cap);
+    }
+    if (!s->mtp_ctx || !out || token < 0 || token >= s->n_vocab) {
+        return SWARM_ERR_ARG;
+    }
+    if (out_cap < (size_t) s->n_vocab) {
+        return SWARM_ERR_BUF;
+    }
+    const int32_t n_back = last - pos + 1;  // the positions pos..last the head holds, fed again after
+    if (pos < 1 || n_back < 1 || n_back > MTP_RING || n_back > s->n_batch || pos < s->mtp_ring_lo[seq_id]) {
+        return SWARM_ERR_POS;
+    }
+    if (llama_memory_seq_pos_max(s->mtp_mem, seq_id) != last) {
+        return SWARM_ERR_STATE;
+    }
+    const size_t w = (size_t) s->n_embd;
+    const size_t base = (size_t) seq_id * MTP_RING;
+    // the token at pos with h of pos - 1: what the head was fed at pos, with another token
+    llama_memory_seq_rm(s->mtp_mem, seq_id, pos, -1);
+    s->mtp_tok[0]    = token;
+    s->mtp_pos[0]    = pos;
+    s->seq_ids[0]    = seq_id;
+    s->mtp_logits[0] = 1;
+    memcpy(s->mtp_rows, s->mtp_ring_h + (base + (size_t) (pos % MTP_RING)) * w, w * sizeof(float));
+    struct llama_batch b = {
+        .n_tokens = 1,
+        .token    = s->mtp_tok,
+        .embd     = s->mtp_rows,
+        .pos      = s->mtp_pos,
+        .n_seq_id = s->n_seq_id,
+        .seq_id   = s->seq_ptrs,
+        .logits   = s->mtp_logits,
+    };
+    spread_pos_of(s, s->mtp_pos, 1);
+    rc = llama_decode(s->mtp_ctx, b) != 0 ? SWARM_ERR_DECODE : SWARM_OK;
+    const float * lg = rc == SWARM_OK ? llama_get_logits_ith(s->mtp_ctx, 0) : NULL;
+    if (lg) {
+        memcpy(out, lg, sizeof(float) * (size_t) s->n_vocab);
+    } else {
+        rc = SWARM_ERR_DECODE;
+    }
+    // the rows at pos..last again, as they were fed: the head's cache holds the span's positions
+    llama_memory_seq_rm(s->mtp_mem, seq_id, pos, -1);
+    for (int32_t i = 0; i < n_back; i++) {
+        const size_t slot = base + (size_t) ((pos + i) % MTP_RING);
+        s->mtp_tok[i]    = s->mtp_ring_tok[slot];
+        s->mtp_pos[i]    = pos + i;
+        s->seq_ids[i]    = seq_id;
+        s->mtp_logits[i] = 0;
+        memcpy(s->mtp_rows + (size_t) i * w, s->mtp_ring_h + slot * w, w * sizeof(float));
+    }
+    b.n_tokens = n_back;
+    spread_pos_of(s, s->mtp_pos, n_back);
+    if (llama_decode(s->mtp_ctx, b) != 0) {
+        clear_seq(s, seq_id);  // the head could not follow the span: neither keeps the sequence
+        return SWARM_ERR_DECODE;
+    }
+    return rc;
+}
+
 int swarm_span_truncate(struct swarm_span * s, int32_t seq_id, int32_t pos) {
     int rc = check_seq(s, seq_id);
     if (rc != SWARM_OK) {
@@ -856,6 +956,7 @@ static int mtp_state_set(struct swarm_span * s, int32_t seq_id, const uint8_t * 
         return SWARM_ERR_STATE;
     }
     memcpy(s->mtp_pending + (size_t) seq_id * s->n_embd, p + lens[0] + lens[1], row);
+    s->mtp_ring_lo[seq_id] = INT32_MAX;  // a state carries the head's last h only
     return SWARM_OK;
 }
 

@@ -153,6 +153,17 @@ int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step
 // step with the span's).
 int swarm_span_mtp_draft(struct swarm_span * s, int32_t seq_id, int32_t token, float * out, size_t out_cap);
 
+// MTP draft logits [n_vocab] for `token` at position `pos` <= pos_max(seq_id) + 1, as if the sequence
+// ended at pos - 1: the head decodes `token` with the h it was fed at pos (h of pos - 1), then its rows
+// at pos..pos_max are fed again as they were, so both caches hold the same positions afterwards
+// (the re-fed rows' entries may round apart from the first ones: they are for a verify pass's
+// rejected rows, which the caller rolls back). pos = pos_max + 1 is swarm_span_mtp_draft. The head
+// remembers what it was fed at the last 8 positions (MTP_RING) since the sequence was emptied or
+// imported. Errors: as swarm_span_mtp_draft; POS (pos < 1, or pos_max - pos + 1 rows not
+// remembered); DECODE (re-feeding failed: the sequence is emptied in both caches).
+int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token, int32_t pos, float * out,
+                            size_t out_cap);
+
 // Drop positions >= pos of seq_id (pos >= 0). With an MTP head only pos = 0 (clear) or
 // pos > pos_max (nothing to drop) are accepted, else STATE. Errors: ARG, SEQ, STATE.
 int swarm_span_truncate(struct swarm_span * s, int32_t seq_id, int32_t pos);

@@ -70,7 +70,7 @@ from swarm.limits import (
 )
 from swarm.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
-PROTOCOL_GENERATION = 9
+PROTOCOL_GENERATION = 10
 """Version of every frame below; a peer refuses frames of any other generation.
 
 2: prefix KV snapshots (`Open.prefixes`, `OpenOk.restorable` / `fetched_from`, `Forward.restore`).
@@ -87,7 +87,10 @@ PROTOCOL_GENERATION = 9
 8: `Forward.want_draft` and `Token.draft`: the last span's multi-token-prediction head's draft.
 9: no frame changed; a span whose cache cannot truncate (recurrent or compressed state) rolls back
    the rows of a verify pass from the state it exported before it (swarm/peer/checkpoints.py), so
-   clients speculate on those models too. A generation-8 peer refused those rewinds."""
+   clients speculate on those models too. A generation-8 peer refused those rewinds.
+10: `Token.draft` answering a verify pass drafts after the token that follows the pass's accepted
+   rows (`swarm.spec.verify.accepted` of its `token_ids` and `Token.tokens`), not after `token`:
+   a rejected guess still brings the next one."""
 
 RECEIPT_BYTES = 16
 """Size of a step's receipt (BLAKE2b-128 of its input rows)."""
@@ -622,7 +625,10 @@ class Token(_Frame):
         tokens: answering a verify pass (`Forward.verify`): the token sampled after each of its rows,
             the last one equal to `token`; else ().
         draft: answering `Forward.want_draft` on a span with a multi-token-prediction head: the
-            head's greedy draft (argmax) of the token after `token`, one id per head block; else ().
+            head's greedy draft (argmax) of the token after `token`, one id per head block; for a
+            verify pass, of the token after the one sampled after its accepted rows
+            (`swarm.spec.verify.accepted` of the pass's `token_ids` and `tokens`), and () where the
+            head no longer holds that position; else ().
     """
 
     step: int = _wire(_Int(0, _U64))

@@ -101,7 +101,7 @@ from swarm.route.replay import clip_steps, drop_rows, replay_frames, split_steps
 from swarm.route.restore import CannotRestore, rebuild_rows, restore_point
 from swarm.route.verify import rewind_position
 from swarm.sampling import SamplingParams
-from swarm.spec.verify import verify_steps
+from swarm.spec.verify import accepted, verify_steps
 from swarm.wire import (
     MAX_CHAIN_ADDRS, MAX_FORWARD_STEPS, Chain, Error, Forward, Frame, Hidden, Open, OpenOk, Token, receipt,
 )
@@ -432,8 +432,8 @@ class RouteSession:
                 # a pass sent ahead, then dropped in a failover: the hops hold its rows past `pos`
                 self._stale = self.ahead_sent > n_sent and self._ahead is None
                 self.ahead_used += sent is not None
-                if reply.draft:  # drafting the token after the one sampled (at position pos)
-                    self.telemetry.mtp_drafts[self.pos + 1] = reply.draft
+                if reply.draft:  # the head's guess of the token after the one the next step feeds
+                    self.telemetry.mtp_drafts[self._drafted_at(pos0, x.shape[0], verify, reply)] = reply.draft
                 if self.checks is not None:
                     self.checks.after_step(x.shape[0], self._check_records)
                 return reply
@@ -442,6 +442,13 @@ class RouteSession:
             # a push that failed half-way may still have reached the next hop: relay with rewind
             rewind = rewind or (push and pushed_step is None)
         raise NoRoute("the route has no hops")
+
+    def _drafted_at(self, pos0: int, n: int, verify: bool, reply: Token) -> int:
+        """The position `reply.draft` guesses the token of: after a verify pass, the one after the
+        token sampled after its accepted rows (`Token.draft`), else after the step's own token."""
+        if not verify or not self.spec.token_ids:
+            return pos0 + n + 1
+        return pos0 + len(accepted(self._row_ids(pos0 + 1, n - 1).tolist(), reply.tokens)) + 1
 
     def _verify_steps(
         self, n: int, verify: bool, group_rows: int | None
@@ -470,7 +477,8 @@ class RouteSession:
             drop_rows(hop.inputs, self.pos - new_pos)
             for p in [p for p in hop.claims if p > new_pos]:  # answers to the rejected rows
                 del hop.claims[p]
-        for p in [p for p in self.telemetry.mtp_drafts if p > new_pos]:  # guessed after rejected rows
+        # the pass's own guess (Token.draft) is at new_pos + 1; others past it were made after rejected rows
+        for p in [p for p in self.telemetry.mtp_drafts if p > new_pos + 1]:
             del self.telemetry.mtp_drafts[p]
         self.pos, self._stale = new_pos, True
 

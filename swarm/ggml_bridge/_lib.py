@@ -103,7 +103,7 @@ def _declare(so: ctypes.CDLL) -> None:
         "swarm_span_execute": (c_int32, [h, POINTER(SpanStep)]),
         "swarm_span_interrupt": (None, [h, c_int32]),
         "swarm_span_execute_batch": (c_int32, [h, POINTER(SpanStep), c_int32]),
-        "swarm_span_mtp_draft": (c_int32, [h, c_int32, c_int32, POINTER(c_float), c_size_t]),
+        "swarm_span_mtp_draft_at": (c_int32, [h, c_int32, c_int32, c_int32, POINTER(c_float), c_size_t]),
         "swarm_span_truncate": (c_int32, [h, c_int32, c_int32]),
         "swarm_span_clear": (c_int32, [h, c_int32]),
         "swarm_span_seq_pos_max": (c_int32, [h, c_int32]),

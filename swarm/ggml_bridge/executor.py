@@ -352,19 +352,25 @@ class SpanExecutor:
         what = f"batch of {batch} steps ({n} tokens)" if batch > 1 else f"forward of {n} tokens at {pos0}"
         return ExecutorError(f"sequence {seq_id}: {what} failed: {self._status(rc)}")
 
-    def mtp_draft(self, seq_id: int, token: int) -> np.ndarray:
+    def mtp_draft(self, seq_id: int, token: int, pos: int | None = None) -> np.ndarray:
         """The MTP head's logits for the token after `token`, where `token` is the one the caller
-        feeds next (at position pos_max + 1): argmax is the head's greedy draft. The head reads h of
-        pos_max (the last block's residual) and its own cache of the sequence; it is left as it was
-        (the next step feeds the head its real row), so a draft may be asked again or not at all.
+        feeds at `pos` (default pos_max + 1, the next position): argmax is the head's greedy draft.
+        The head reads h of pos - 1 (the last block's residual) and its own cache up to it; it is
+        left holding the sequence's positions as before (the next step feeds the head its real
+        row), so a draft may be asked again or not at all. A `pos` inside the sequence drafts as if
+        it ended at pos - 1 (a verify pass whose rows from pos on are rejected); the head remembers
+        its last `MTP_RING` (8) positions for that, and the entries it holds for pos.. afterwards
+        are recomputed ones (csrc/swarm_span.h `swarm_span_mtp_draft_at`).
 
         Args:
             seq_id: a sequence holding at least one position.
             token: int in [0, n_vocab).
+            pos: 1..pos_max + 1, or None: pos_max + 1.
         Returns:
             [n_vocab] float32 logits.
         Raises:
-            ExecutorError: no MTP head, unknown seq id, empty sequence, token out of range, no KV
+            ExecutorError: no MTP head, unknown seq id, empty sequence, token out of range, a pos
+                the head does not remember (before the last 8, or before a state import), no KV
                 cell left for the draft position, llama.cpp failure.
         """
         h = self._handle()
@@ -374,12 +380,16 @@ class SpanExecutor:
         if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or \
                 not 0 <= token < self._n_vocab:
             raise ExecutorError(f"token must be an int in [0, {self._n_vocab}), got {token!r:.40}")
-        if self.pos_max(seq_id) < 0:
+        last = self.pos_max(seq_id)
+        if last < 0:
             raise ExecutorError(f"sequence {seq_id} is empty: the MTP head drafts after a position")
+        at = last + 1 if pos is None else pos
+        if isinstance(at, bool) or not isinstance(at, (int, np.integer)) or not 1 <= at <= last + 1:
+            raise ExecutorError(f"draft position must be an int in [1, {last + 1}], got {pos!r:.40}")
         out = np.empty(self._n_vocab, dtype=np.float32)
-        rc = self._so.swarm_span_mtp_draft(h, seq_id, int(token),
-                                           out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size)
-        self._call(rc, f"MTP draft of sequence {seq_id}")
+        rc = self._so.swarm_span_mtp_draft_at(h, seq_id, int(token), int(at),
+                                              out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size)
+        self._call(rc, f"MTP draft of sequence {seq_id} at {at}")
         return out
 
     def truncate(self, seq_id: int, pos: int) -> None:

@@ -32,6 +32,7 @@ frame past a limit is answered BUSY with the limit's name, and the stream ends.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -49,6 +50,7 @@ from swarm.peer.scheduler import StepOutput
 from swarm.peer.span import Span
 from swarm.peer.testlie import LOGIT_NOISE_SCALE, Liar
 from swarm.sampling import SamplingParams, sample
+from swarm.spec.verify import accepted
 from swarm.wire import (
     Chain,
     Close,
@@ -64,6 +66,9 @@ from swarm.wire import (
     encode_frame,
     receipt,
 )
+
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class PeerStreams:
@@ -269,9 +274,8 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
                                    then=push, restore=restore, token_ids=frame.token_ids, verify=frame.verify)
         if frame.want_draft and isinstance(reply, Token) and span.has_mtp:
             t0 = time.perf_counter()
-            draft = await span.mtp_draft(slot, reply.token)
-            reply = replace(reply, draft=draft,
-                            compute_ms=reply.compute_ms + (time.perf_counter() - t0) * 1000.0)
+            reply = replace(reply, draft=await _draft(span, slot, frame, reply))
+            reply = replace(reply, compute_ms=reply.compute_ms + (time.perf_counter() - t0) * 1000.0)
         if span.prefixes is not None and rules.keeps_prefix(prefixes.offers, prefixes.kept, slot.pos):
             prefixes.kept = True  # the whole offered prompt is in the cache: keep it once
             await span.keep_prefix(slot, prefixes.offers)
@@ -283,6 +287,21 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
         await session.push.chain(frame, span.is_last, streams.dial)
         return OpenOk(reserved_tokens=slot.reserved_tokens)
     raise RequestError(f"unexpected {type(frame).__name__} frame in an open session")
+
+
+async def _draft(span: Span, slot: SessionSlot, frame: Forward, reply: Token) -> tuple[int, ...]:
+    """The head's draft of the token after the one the session's next step feeds (`Token.draft`).
+    After a verify pass that is the token sampled after its accepted rows (`accepted`: the fed
+    tokens against the sampled ones), so a pass whose guess is rejected still brings the next guess;
+    a pass longer than the head remembers answers none (the client then decodes plainly)."""
+    if not frame.verify or frame.token_ids.shape[0] != len(reply.tokens):
+        return await span.mtp_draft(slot, reply.token)
+    new = accepted(frame.token_ids[1:].tolist(), reply.tokens)
+    try:
+        return await span.mtp_draft(slot, new[-1], frame.pos0 + len(new))
+    except ExecutorError as e:
+        logger.info("no draft after a verify pass's rejected rows: %s", e)
+        return ()
 
 
 @dataclass

@@ -114,16 +114,18 @@ class Span:
         """The span runs the model's multi-token-prediction head (a last span whose file keeps it)."""
         return self.executor.has_mtp
 
-    async def mtp_draft(self, slot: SessionSlot, token: int) -> tuple[int, ...]:
+    async def mtp_draft(self, slot: SessionSlot, token: int, pos: int | None = None) -> tuple[int, ...]:
         """The MTP head's greedy draft of the token after `token`, the token the session's next step
-        feeds at `slot.pos` (`SpanExecutor.mtp_draft`; the head's state is left as it was).
+        feeds at `pos` (default `slot.pos`; an earlier one drafts as if the session ended before it:
+        `SpanExecutor.mtp_draft`; the head's state holds the session's positions as before).
 
         Returns:
             (draft token id,): one per head block.
         Raises:
-            ExecutorError: no head, an empty sequence, a token out of range, llama.cpp failed.
+            ExecutorError: no head, an empty sequence, a token out of range, a position the head does
+                not remember, llama.cpp failed.
         """
-        logits = await self.run(self.executor.mtp_draft, slot.seq_id, token, client=slot.owner)
+        logits = await self.run(self.executor.mtp_draft, slot.seq_id, token, pos, client=slot.owner)
         return (int(np.argmax(logits)),)
 
     async def admit(self, session_id: bytes, owner: str, max_tokens: int, now_s: float) -> SessionSlot:

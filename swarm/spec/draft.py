@@ -75,9 +75,9 @@ class HeadDrafts:
     guess of the token after it (`Token.draft`), which the route session files by position in
     `GenerationTelemetry.mtp_drafts`. This draft proposes the guess for the next position, so each
     pass verifies at most one drafted token (as many as the head has blocks: DeepSeek-V4 has one).
-    After a pass whose rows were not all kept the head's guess was made on rejected rows; the route
-    session drops it, this draft proposes nothing, and the next step decodes plainly and brings the
-    next guess.
+    A pass whose guess is rejected brings the head's guess after the token that replaces it (the
+    last span drafts from the accepted rows: `Token.draft`), so every pass carries a guess; where
+    the head no longer holds that position the answer has none and the next step decodes plainly.
     """
 
     def __init__(self) -> None:

@@ -183,7 +183,8 @@ def test_the_last_peer_answers_the_drafts_of_the_whole_models_mtp_head(ds4_mtp, 
 def test_speculation_with_the_mtp_heads_drafts_gives_the_whole_models_tokens(ds4_mtp, push):
     """`draft="mtp"`: each pass verifies the head's guess of the token after the last kept one; a
     rejected guess rolls every hop back from its checkpoint, the head's state with it, so every
-    guess the route answers after that is still the whole model's head's (none from rejected rows)."""
+    guess the route answers after that is still the whole model's head's (none from rejected rows),
+    and the pass that rejects it answers the guess after the token replacing it."""
     path, first = ds4_mtp
     prompt = run_oracle(path, TEXT).prompt
     want = run_mtp_oracle(path, prompt, N_VOCAB)
@@ -195,6 +196,7 @@ def test_speculation_with_the_mtp_heads_drafts_gives_the_whole_models_tokens(ds4
     assert n >= 8 and got.tokens == want.tokens[:n]
     spec = got.telemetry.speculation
     assert spec.passes > 0 and spec.drafted == spec.passes  # one guess per pass: the head's
+    assert spec.passes + spec.accepted >= n - 2  # a rejected guess brings the next: a plain step only last
     # each verified guess was the head's for that position, kept exactly when it was the token there
     heads = {len(prompt) + 1 + i: d for i, d in enumerate(want_drafts)}
     tokens_at = {len(prompt) + i: t for i, t in enumerate(want.tokens)}

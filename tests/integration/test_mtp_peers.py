@@ -46,7 +46,8 @@ def mtp_swarm(request, tmp_path_factory):
 def test_speculation_with_an_h_nextn_head_gives_the_whole_models_tokens(mtp_swarm):
     """Every pass verifies the head's guess; the random head's guesses are almost never the trunk's
     token, so nearly every pass rolls back, the head's cache and its h with it: a guess answered
-    after a rollback that left a rejected row in the head's cache would not be the whole model's."""
+    after a rollback that left a rejected row in the head's cache would not be the whole model's.
+    The last peer drafts each next guess from the pass's accepted rows, so every step is a pass."""
     path, first = mtp_swarm
     assert build_manifest(path).mtp_head_tensors()
     prompt = run_oracle(path, TEXT).prompt
@@ -62,6 +63,10 @@ def test_speculation_with_an_h_nextn_head_gives_the_whole_models_tokens(mtp_swar
     assert n >= 8 and got.tokens == want.tokens[:n]
     spec = got.telemetry.speculation
     assert spec.passes > 0 and spec.drafted == spec.passes  # one guess per pass: the head's
+    # every step after the prompt was a pass with a guess, a rejected guess bringing the next one
+    # (Token.draft after a pass's accepted rows): no plain decode step but the last (draft_budget:
+    # no row is drafted for the token after the last one asked for)
+    assert spec.passes + spec.accepted >= n - 2
     drafts = got.telemetry.mtp_drafts
     assert drafts and all(drafts[p] == (heads[p],) for p in drafts)
     assert spec.accepted < spec.drafted  # guesses rolled back on every hop

@@ -225,6 +225,52 @@ def test_mtp_head_stays_in_step_with_the_sequence(mtp_model, prompt, span_cache)
         _close(chain)
 
 
+def test_a_draft_from_inside_the_sequence_is_the_draft_of_the_sequence_ending_there(mtp_model, prompt,
+                                                                                   span_cache):
+    """`mtp_draft(seq, t, pos)` with pos inside the sequence (a verify pass whose rows from pos on
+    are rejected) drafts as a sequence ending at pos - 1 does, bit for bit, and leaves the head
+    holding every position; positions it no longer remembers (more than MTP_RING back, or before a
+    state import) are refused and the sequence stays as it was."""
+    embedder = TokenEmbedder(mtp_model)
+    chain = open_chain(mtp_model, (2,), span_cache)
+    last = chain[-1]
+    ids, more, n = prompt[:30], [7, 9, 11], len(prompt[:30])
+    try:
+        for seq in (0, 1):
+            chain_forward(chain, embedder, seq, 0, ids)
+        chain_forward(chain, embedder, 0, n, more[:1])  # sequence 0 ends at n
+        want = last.mtp_draft(0, 42)
+        for i, t in enumerate(more):  # sequence 1 goes on to n + 2, one row at a time
+            chain_forward(chain, embedder, 1, n + i, [t])
+        before = last.mtp_draft(1, 5)
+        assert np.abs(want - before).max() > 1.0  # the later rows change the head's draft
+        assert np.array_equal(last.mtp_draft(1, 42, n + 1), want)
+        assert [ex.pos_max(1) for ex in chain] == [n + 2] * 2
+        # the head holds n + 1 and n + 2 again, re-fed as one batch of two rows: within its rounding
+        after = last.mtp_draft(1, 5)
+        assert np.abs(after - before).max() < 1e-3 and int(np.argmax(after)) == int(np.argmax(before))
+        assert np.array_equal(last.mtp_draft(1, 5, n + 3), after)  # pos_max + 1 is the plain draft
+
+        for i in range(8):  # n + 1 falls out of what the head remembers
+            chain_forward(chain, embedder, 1, n + 3 + i, [13 + i])
+        with pytest.raises(ExecutorError, match=f"MTP draft of sequence 1 at {n + 1} failed"):
+            last.mtp_draft(1, 42, n + 1)
+        assert last.pos_max(1) == n + 10
+        with pytest.raises(ExecutorError, match=r"draft position must be an int in \[1, "):
+            last.mtp_draft(1, 42, n + 12)
+        last.mtp_draft(1, 42, n + 4)  # 7 rows back: remembered
+
+        blobs = [ex.export_seq(1) for ex in chain]
+        for ex, blob in zip(chain, blobs):
+            ex.clear(0)
+            ex.import_seq(0, blob)
+        with pytest.raises(ExecutorError, match=f"MTP draft of sequence 0 at {n + 10} failed"):
+            last.mtp_draft(0, 42, n + 10)  # an imported state carries the last h only
+        assert np.array_equal(last.mtp_draft(0, 5), last.mtp_draft(1, 5))
+    finally:
+        _close(chain)
+
+
 def test_mtp_head_of_batched_steps_follows_each_sequence(mtp_model, prompt, span_cache):
     """One decode step of two sequences in one batch feeds each its own rows: drafts equal the
     sequences' solo drafts within what the batch itself moves the logits (llama.cpp's kernels round

@@ -136,13 +136,13 @@ def test_generation_mismatch_is_refused_before_the_header():
         decode_frame(bytes(body))
 
 
-def test_a_generation_8_peer_is_refused():
-    # generation 9 changed no frame but what a rewind may do on a span whose cache cannot truncate
-    # (it rolls a verify pass back from a checkpoint; generation 8 refused it): a generation-8 frame
-    # is refused by its first byte, as the peer's handler refuses any mismatch at the handshake
-    assert PROTOCOL_GENERATION == 9
-    body = _raw(_fwd_header(), bytes(16), generation=8)
-    with pytest.raises(ProtocolError, match="peer speaks protocol generation 8, this one speaks 9"):
+def test_a_generation_9_peer_is_refused():
+    # generation 10 changed no frame's layout but what a verify pass's `Token.draft` drafts after (the
+    # token following its accepted rows, not its last sampled token): a generation-9 frame is refused
+    # by its first byte, as the peer's handler refuses any mismatch at the handshake
+    assert PROTOCOL_GENERATION == 10
+    body = _raw(_fwd_header(), bytes(16), generation=9)
+    with pytest.raises(ProtocolError, match="peer speaks protocol generation 9, this one speaks 10"):
         decode_frame(body)
 
 
