@@ -795,8 +795,11 @@ int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token
         return SWARM_ERR_BUF;
     }
     const int32_t n_back = last - pos + 1;  // the positions pos..last the head holds, fed again after
-    if (pos < 1 || n_back < 1 || n_back > MTP_RING || n_back > s->n_batch || pos < s->mtp_ring_lo[seq_id]) {
+    if (pos < 1 || n_back < 1) {
         return SWARM_ERR_POS;
+    }
+    if (n_back > MTP_RING || n_back > s->n_batch || pos < s->mtp_ring_lo[seq_id]) {
+        return SWARM_ERR_NOT_HELD;
     }
     if (llama_memory_seq_pos_max(s->mtp_mem, seq_id) != last) {
         return SWARM_ERR_STATE;
@@ -1028,6 +1031,7 @@ const char * swarm_status_str(int status) {
         case SWARM_ERR_TYPE:      return "ggml type has no dequantizer";
         case SWARM_ERR_NOT_EMPTY: return "sequence is not empty";
         case SWARM_ERR_INTERRUPTED: return "interrupted (swarm_span_interrupt)";
+        case SWARM_ERR_NOT_HELD:  return "the MTP head no longer holds that position (it remembers the last 8)";
         default:                  return "unknown status";
     }
 }

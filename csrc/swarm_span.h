@@ -46,6 +46,7 @@ extern "C" {
 #define SWARM_ERR_TYPE      -11   // ggml type unknown or has no dequantizer
 #define SWARM_ERR_NOT_EMPTY -12   // state import into a sequence that already holds tokens
 #define SWARM_ERR_INTERRUPTED -13 // swarm_span_interrupt stopped the step; the sequence is left as before
+#define SWARM_ERR_NOT_HELD  -14   // the MTP head no longer holds what it was fed at that position
 
 struct swarm_span;   // opaque handle: created by swarm_span_open, released by swarm_span_close
 
@@ -159,8 +160,9 @@ int swarm_span_mtp_draft(struct swarm_span * s, int32_t seq_id, int32_t token, f
 // (the re-fed rows' entries may round apart from the first ones: they are for a verify pass's
 // rejected rows, which the caller rolls back). pos = pos_max + 1 is swarm_span_mtp_draft. The head
 // remembers what it was fed at the last 8 positions (MTP_RING) since the sequence was emptied or
-// imported. Errors: as swarm_span_mtp_draft; POS (pos < 1, or pos_max - pos + 1 rows not
-// remembered); DECODE (re-feeding failed: the sequence is emptied in both caches).
+// imported, at most n_batch back. Errors: as swarm_span_mtp_draft; POS (pos < 1 or past
+// pos_max + 1); NOT_HELD (pos_max - pos + 1 rows not remembered); DECODE (re-feeding failed: the
+// sequence is emptied in both caches).
 int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token, int32_t pos, float * out,
                             size_t out_cap);
 

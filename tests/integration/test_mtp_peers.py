@@ -19,10 +19,11 @@ import pytest
 
 from swarm import Client
 from swarm.manifest import build_manifest
+from swarm.wire import Forward, Token, encode_frame
 from tests.helpers.mtp_oracle import run_mtp_oracle
 from tests.helpers.oracle import N_DECODE, PROMPT, run_oracle
-from tests.helpers.peers import PeerSet, serve_args
-from tests.helpers.synthetic import MTP_SPECS, N_VOCAB, write_synthetic
+from tests.helpers.peers import PeerSet, RawClient, serve_args
+from tests.helpers.synthetic import MTP_SPECS, N_EMBD, N_VOCAB, write_synthetic
 
 TEXT = PROMPT[:70]  # 71 tokens with BOS: a 64-row chunk and a short one on every peer
 SPANS = {"qwen35": ("0:2", "2:6"), "deepseek2": ("0:2", "2:5")}
@@ -72,3 +73,30 @@ def test_speculation_with_an_h_nextn_head_gives_the_whole_models_tokens(mtp_swar
     assert spec.accepted < spec.drafted  # guesses rolled back on every hop
     assert spec.accepted <= sum(heads[p] == tokens_at.get(p) for p in drafts)
     assert got.telemetry.route[-1].pushed_steps > 0 and not got.telemetry.failovers
+
+
+def test_a_draft_the_head_cannot_make_is_answered_as_none_beside_the_steps_token(tmp_path_factory):
+    """A step that fills its session's KV stream leaves no cell for the head's draft position: the
+    answer is the step's token without a draft (the step was computed and the session advanced), not
+    an Error that would make the client fail the hop over."""
+    path = write_synthetic("deepseek2", tmp_path_factory.mktemp("full") / "ds2-mtp.gguf",
+                           spec=MTP_SPECS["deepseek2"]())
+    ps = PeerSet(tmp_path_factory.mktemp("full_peer"))
+    # two sessions of 256 cells each; one client may reserve half the cache (one session's stream)
+    args = serve_args(path, "0:5", "--new-swarm", "--cache-tokens", "512", "--max-sessions", "2")
+    p = ps.start("solo", *args)
+    raw = RawClient(p, build_manifest(path).model_id, tmp_path_factory.mktemp("raw"), span=(0, 5))
+    rows = (np.random.default_rng(0).standard_normal((256, N_EMBD)) * 0.1).astype(np.float32)
+    ids = np.arange(256, dtype=np.int32) % (N_VOCAB - 4) + 4
+    try:
+        s = raw.open_session(max_tokens=256)
+        head = raw.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=rows[:255], token_ids=ids[:255],
+                                               want_draft=True)))
+        assert isinstance(head, Token) and len(head.draft) == 1, head  # one cell left: drafted
+        full = raw.ask(s, encode_frame(Forward(step=1, pos0=255, hidden=rows[255:], token_ids=ids[255:],
+                                               want_draft=True)))
+        assert isinstance(full, Token) and full.draft == (), full
+    finally:
+        raw.close()
+        ps.stop_all()
+    assert p.proc.returncode == 0, p.stderr_text()[-2000:]
