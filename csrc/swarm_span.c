@@ -418,6 +418,40 @@ static void undo_step(struct swarm_span * s, int32_t seq_id, int32_t pos0, const
     }
 }
 
+// Decodes the head's batch of n rows (mtp_tok, mtp_rows, mtp_pos, seq_ids and mtp_logits filled),
+// positions spread for M-RoPE. Returns llama_decode's status.
+static int mtp_decode(struct swarm_span * s, int32_t n) {
+    struct llama_batch b = {
+        .n_tokens = n,
+        .token    = s->mtp_tok,
+        .embd     = s->mtp_rows,
+        .pos      = s->mtp_pos,
+        .n_seq_id = s->n_seq_id,
+        .seq_id   = s->seq_ptrs,
+        .logits   = s->mtp_logits,
+    };
+    spread_pos_of(s, s->mtp_pos, n);
+    return llama_decode(s->mtp_ctx, b);
+}
+
+// The head's logits [n_vocab] into out for `token` at `pos` of seq_id paired with h (h of pos - 1);
+// pos is removed from the head's cache again: a draft is not the sequence's row.
+static int mtp_draft_row(struct swarm_span * s, int32_t seq_id, int32_t token, llama_pos pos,
+                         const float * h, float * out) {
+    s->mtp_tok[0]    = token;
+    s->mtp_pos[0]    = pos;
+    s->seq_ids[0]    = seq_id;
+    s->mtp_logits[0] = 1;
+    memcpy(s->mtp_rows, h, sizeof(float) * (size_t) s->n_embd);
+    const int rc = mtp_decode(s, 1);
+    const float * lg = rc == 0 ? llama_get_logits_ith(s->mtp_ctx, 0) : NULL;
+    if (lg) {
+        memcpy(out, lg, sizeof(float) * (size_t) s->n_vocab);
+    }
+    llama_memory_seq_rm(s->mtp_mem, seq_id, pos, -1);
+    return rc != 0 ? map_decode_rc(rc) : lg ? SWARM_OK : SWARM_ERR_DECODE;
+}
+
 // Feeds the MTP head the rows the span just decoded, segment after segment (their h captured in
 // mtp_h in that order): row i of a segment is its token at pos0 + i with h of the row before it
 // (the sequence's pending h for the first row), as common/speculative.cpp pairs them; then each
@@ -436,24 +470,14 @@ static int mtp_feed(struct swarm_span * s, const struct mtp_seg * segs, int32_t 
             s->mtp_logits[t] = 0;
         }
     }
-    struct llama_batch b = {
-        .n_tokens = t,
-        .token    = s->mtp_tok,
-        .embd     = s->mtp_rows,
-        .pos      = s->mtp_pos,
-        .n_seq_id = s->n_seq_id,
-        .seq_id   = s->seq_ptrs,
-        .logits   = s->mtp_logits,
-    };
-    spread_pos_of(s, s->mtp_pos, t);
-    int rc = llama_decode(s->mtp_ctx, b);
+    int rc = mtp_decode(s, t);
     if (rc != 0) {
         return map_decode_rc(rc);
     }
     t = 0;
     for (int32_t k = 0; k < n_segs; k++) {
         const struct mtp_seg * g = &segs[k];
-        for (int32_t i = 0; i < g->n; i++) {
+        for (int32_t i = g->n > MTP_RING ? g->n - MTP_RING : 0; i < g->n; i++) {  // what the ring keeps
             const size_t slot = (size_t) g->seq_id * MTP_RING + (size_t) ((g->pos0 + i) % MTP_RING);
             s->mtp_ring_tok[slot] = g->tokens[i];
             memcpy(s->mtp_ring_h + slot * w, s->mtp_rows + (size_t) (t + i) * w, w * sizeof(float));
@@ -750,32 +774,8 @@ int swarm_span_mtp_draft(struct swarm_span * s, int32_t seq_id, int32_t token, f
     if (llama_memory_seq_pos_max(s->mtp_mem, seq_id) != last) {
         return SWARM_ERR_STATE;
     }
-    s->mtp_tok[0]    = token;
-    s->mtp_pos[0]    = last + 1;
-    s->seq_ids[0]    = seq_id;
-    s->mtp_logits[0] = 1;
-    struct llama_batch b = {
-        .n_tokens = 1,
-        .token    = s->mtp_tok,
-        .embd     = s->mtp_pending + (size_t) seq_id * s->n_embd,
-        .pos      = s->mtp_pos,
-        .n_seq_id = s->n_seq_id,
-        .seq_id   = s->seq_ptrs,
-        .logits   = s->mtp_logits,
-    };
-    spread_pos_of(s, s->mtp_pos, 1);
-    rc = llama_decode(s->mtp_ctx, b);
-    if (rc != 0) {
-        llama_memory_seq_rm(s->mtp_mem, seq_id, last + 1, -1);
-        return map_decode_rc(rc);
-    }
-    const float * lg = llama_get_logits_ith(s->mtp_ctx, 0);
-    if (lg) {
-        memcpy(out, lg, sizeof(float) * (size_t) s->n_vocab);
-    }
-    // the draft position is not the sequence's yet: the next step feeds the head its real row
-    llama_memory_seq_rm(s->mtp_mem, seq_id, last + 1, -1);
-    return lg ? SWARM_OK : SWARM_ERR_DECODE;
+    // the next step feeds the head its real row at last + 1
+    return mtp_draft_row(s, seq_id, token, last + 1, s->mtp_pending + (size_t) seq_id * s->n_embd, out);
 }
 
 int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token, int32_t pos, float * out,
@@ -808,30 +808,8 @@ int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token
     const size_t base = (size_t) seq_id * MTP_RING;
     // the token at pos with h of pos - 1: what the head was fed at pos, with another token
     llama_memory_seq_rm(s->mtp_mem, seq_id, pos, -1);
-    s->mtp_tok[0]    = token;
-    s->mtp_pos[0]    = pos;
-    s->seq_ids[0]    = seq_id;
-    s->mtp_logits[0] = 1;
-    memcpy(s->mtp_rows, s->mtp_ring_h + (base + (size_t) (pos % MTP_RING)) * w, w * sizeof(float));
-    struct llama_batch b = {
-        .n_tokens = 1,
-        .token    = s->mtp_tok,
-        .embd     = s->mtp_rows,
-        .pos      = s->mtp_pos,
-        .n_seq_id = s->n_seq_id,
-        .seq_id   = s->seq_ptrs,
-        .logits   = s->mtp_logits,
-    };
-    spread_pos_of(s, s->mtp_pos, 1);
-    rc = llama_decode(s->mtp_ctx, b) != 0 ? SWARM_ERR_DECODE : SWARM_OK;
-    const float * lg = rc == SWARM_OK ? llama_get_logits_ith(s->mtp_ctx, 0) : NULL;
-    if (lg) {
-        memcpy(out, lg, sizeof(float) * (size_t) s->n_vocab);
-    } else {
-        rc = SWARM_ERR_DECODE;
-    }
+    rc = mtp_draft_row(s, seq_id, token, pos, s->mtp_ring_h + (base + (size_t) (pos % MTP_RING)) * w, out);
     // the rows at pos..last again, as they were fed: the head's cache holds the span's positions
-    llama_memory_seq_rm(s->mtp_mem, seq_id, pos, -1);
     for (int32_t i = 0; i < n_back; i++) {
         const size_t slot = base + (size_t) ((pos + i) % MTP_RING);
         s->mtp_tok[i]    = s->mtp_ring_tok[slot];
@@ -840,9 +818,7 @@ int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token
         s->mtp_logits[i] = 0;
         memcpy(s->mtp_rows + (size_t) i * w, s->mtp_ring_h + slot * w, w * sizeof(float));
     }
-    b.n_tokens = n_back;
-    spread_pos_of(s, s->mtp_pos, n_back);
-    if (llama_decode(s->mtp_ctx, b) != 0) {
+    if (mtp_decode(s, n_back) != 0) {
         clear_seq(s, seq_id);  // the head could not follow the span: neither keeps the sequence
         return SWARM_ERR_DECODE;
     }

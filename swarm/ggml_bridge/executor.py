@@ -355,12 +355,12 @@ class SpanExecutor:
     def mtp_draft(self, seq_id: int, token: int, pos: int | None = None) -> np.ndarray:
         """The MTP head's logits for the token after `token`, where `token` is the one the caller
         feeds at `pos` (default pos_max + 1, the next position): argmax is the head's greedy draft.
-        The head reads h of pos - 1 (the last block's residual) and its own cache up to it; it is
-        left holding the sequence's positions as before (the next step feeds the head its real
-        row), so a draft may be asked again or not at all. A `pos` inside the sequence drafts as if
-        it ended at pos - 1 (a verify pass whose rows from pos on are rejected); the head remembers
-        its last `MTP_RING` (8) positions for that, and the entries it holds for pos.. afterwards
-        are recomputed ones (csrc/swarm_span.h `swarm_span_mtp_draft_at`).
+        The head reads h of pos - 1 (the tensor `ArchRow.mtp_input` names) and its own cache up to
+        it; it is left holding the sequence's positions as before (the next step feeds the head its
+        real row), so a draft may be asked again or not at all. A `pos` inside the sequence drafts as
+        if it ended at pos - 1 (a verify pass whose rows from pos on are rejected); the head
+        remembers its last `MTP_RING` (8) positions for that, and the entries it holds for pos..
+        afterwards are recomputed ones (csrc/swarm_span.h `swarm_span_mtp_draft_at`).
 
         Args:
             seq_id: a sequence holding at least one position.
