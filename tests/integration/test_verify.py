@@ -19,6 +19,7 @@ import pytest
 from swarm.client.generate import GenerationRequest, TokenStream
 from swarm.client.remote import connect_swarm
 from swarm.route.failover import FailureReason
+from swarm.route.plan import plan_route
 from swarm.route.verify import DEFAULT_BAND, CheckPolicy
 
 from tests.helpers.oracle import oracle
@@ -69,6 +70,22 @@ def generate(client, policy: CheckPolicy) -> TokenStream:
     return stream
 
 
+def wait_until_routed(engine, peer_id: str, span: tuple[int, int]) -> None:
+    """Wait until the client's route over `span` takes `peer_id` (a liar's ten-fold boast wins only
+    a few ms per step). The client keeps the RTT of its first ping to a peer, and a first ping on a
+    busy machine (the new peer still loading, other tests' peers computing) can cost more than
+    the boast wins, so the liar's RTT is measured again until the route takes it."""
+    loop = engine._conn.loop
+
+    def routed() -> bool:
+        loop.run(engine.directory.probe([peer_id]), 30)
+        spans = loop.run(engine.directory.peers(frozenset(), True), 30)
+        plan = plan_route(spans, engine.manifest.n_layers, N_NEW, start=span[0], end=span[1])
+        return peer_id in [h.peer_id for h in plan.hops]
+
+    wait_for(routed, f"the client's route over {span} takes {peer_id}", 120)
+
+
 @pytest.fixture
 def liar(swarm, client, smollm2_path, request):
     """A lying 10:20 peer: `request.param` is the mode, or (mode, seed of its lies)."""
@@ -76,12 +93,7 @@ def liar(swarm, client, smollm2_path, request):
     peer = swarm.start(f"liar-{mode.replace(':', '-')}", *serve_args(smollm2_path, "10:20", *swarm.join),
                        env={"SWARM_TEST_LIE": mode, "SWARM_TEST_LIE_SEED": str(seed)})
     assert "TEST MODE SWARM_TEST_LIE" in peer.stderr_text()
-    _, engine = client
-    # a first dial on a busy machine can outlast one RTT probe (and a peer that missed one is left
-    # out for a minute): wait until the client has measured the liar's RTT
-    wait_for(lambda: any(s.peer_id == peer.peer_id and 0 <= (s.rtt_ms or -1) < float("inf")
-                         for s in engine._conn.loop.run(engine.directory.peers(frozenset(), True), 30)),
-             "the client measured the liar's RTT", 120)
+    wait_until_routed(client[1], peer.peer_id, (10, 20))
     yield peer
     peer.stop()
     swarm.started.remove(peer)
@@ -196,9 +208,9 @@ def test_a_last_peer_answering_wrong_tokens_is_caught_and_honest_last_peers_repl
     liar = swarm.start("liar-last", *serve_args(smollm2_path, "20:30", *swarm.join), env={"SWARM_TEST_LIE": "noise"})
     _, engine = client
     try:
-        wait_for(lambda: {s.peer_id for s in engine._conn.loop.run(engine.directory.peers(frozenset(), True), 30)
-                          if 0 <= (s.rtt_ms or -1) < float("inf")} >= {liar.peer_id, z2.peer_id},
-                 "the client measured the new peers' RTTs", 120)
+        wait_for(lambda: z2.peer_id in {s.peer_id for s in engine._conn.loop.run(engine.directory.peers(
+            frozenset(), True), 30) if 0 <= (s.rtt_ms or -1) < float("inf")}, "the client measured z2's RTT", 120)
+        wait_until_routed(engine, liar.peer_id, (20, 30))
         s = generate(client, CheckPolicy(rate=0.5, seed=0))
         assert_caught_and_dropped(s, liar.peer_id, client, span=(20, 30))
         honest_last = [c for c in s.telemetry.checks if c.start == 20 and c.peer_id != liar.peer_id]
@@ -236,9 +248,7 @@ def test_a_qwen_peer_lying_on_every_step_is_caught_and_the_text_repaired(qwen_li
     engine.settle_checks = True
     liar_id = qwen_liar_swarm.liar.peer_id
     try:
-        wait_for(lambda: any(s.peer_id == liar_id and 0 <= (s.rtt_ms or -1) < float("inf")
-                             for s in engine._conn.loop.run(engine.directory.peers(frozenset(), True), 30)),
-                 "the client measured the liar's RTT", 120)
+        wait_until_routed(engine, liar_id, (0, 12))
         s = generate((tokenizer, engine), CheckPolicy(seed=0))
         [first, *_] = assert_caught_and_dropped(s, liar_id, (tokenizer, engine), span=(0, 12))
         assert first.verdict == "caught" and first.decode_step == CheckPolicy().first_check_step
