@@ -34,6 +34,8 @@
 // llama.cpp's staging API (src/llama-ext.h, C++ linkage): as in swarm_span.c
 void oracle_set_embeddings_nextn(struct llama_context * ctx, bool value, bool masked)
     __asm__("_Z26llama_set_embeddings_nextnP13llama_contextbb");
+float * oracle_get_embeddings_nextn_ith(struct llama_context * ctx, int32_t i)
+    __asm__("_Z30llama_get_embeddings_nextn_ithP13llama_contexti");
 
 struct oracle {
     struct llama_model   * model;
@@ -128,16 +130,26 @@ static int run_rows(struct oracle * o, const int32_t * toks, int32_t n, int32_t 
     return decode(o, o->mtp, toks, o->rows, n, pos0, false);
 }
 
-// MTP logits for tok at pos (h of pos - 1 is the pending row) into out; pos is removed again.
-static int draft(struct oracle * o, int32_t tok, int32_t pos, float * out) {
-    if (decode(o, o->mtp, &tok, o->pending, 1, pos, true) != 0) {
-        return -4;
+// MTP logits for tok at pos (h of pos - 1 is the pending row) into out[0], then n - 1 chained
+// drafts as common/speculative.cpp's draft-mtp driver chains one head: out[i] for the greedy token
+// of out[i - 1] at pos + i with the MTP context's own h_nextn of the row before. The drafted
+// positions are removed again.
+static int draft(struct oracle * o, int32_t tok, int32_t pos, int32_t n, float * out) {
+    const float * h = o->pending;
+    for (int32_t i = 0; i < n; i++) {
+        if (decode(o, o->mtp, &tok, h, 1, pos + i, true) != 0) {
+            return -4;
+        }
+        const float * lg = llama_get_logits_ith(o->mtp, 0);
+        h = oracle_get_embeddings_nextn_ith(o->mtp, 0);
+        if (!lg || !h) {
+            return -4;
+        }
+        memcpy(out + (size_t) i * o->n_vocab, lg, sizeof(float) * (size_t) o->n_vocab);
+        memcpy(o->rows, h, sizeof(float) * (size_t) o->n_h);  // h's buffer is the context's: copied
+        h = o->rows;
+        tok = argmax(lg, o->n_vocab);
     }
-    const float * lg = llama_get_logits_ith(o->mtp, 0);
-    if (!lg) {
-        return -4;
-    }
-    memcpy(out, lg, sizeof(float) * (size_t) o->n_vocab);
     return llama_memory_seq_rm(llama_get_memory(o->mtp), 0, pos, -1) ? 0 : -4;
 }
 
@@ -156,20 +168,21 @@ static void release(struct oracle * o) {
 // h_name: the target graph's tensor whose rows are the head's h ("h_nextn", or "l_last-<n - 1>" for
 // deepseek4); "h_nextn" turns the target's unmasked nextn output on.
 // Runs prompt[0..n_prompt) in llama_decode calls of n_ubatch tokens (one ubatch each), then
-// n_decode greedy steps of one token, and after the prompt and after every step one MTP draft of
-// the greedy next token. Threads: multi-row ubatches on n_threads, one-row ones on 1 (the span
-// executor's numeric contract); flash attention on; one sequence, 256 cells.
+// n_decode greedy steps of one token, and after the prompt and after every step a chain of n_chain
+// MTP drafts from the greedy next token. Threads: multi-row ubatches on n_threads, one-row ones on 1
+// (the span executor's numeric contract); flash attention on; one sequence, 256 cells.
 // Outputs (caller-allocated, float32 row-major, vocab_cap = n_vocab wide):
 //   prefill_logits [n_prompt, n_vocab]     target logits of every prompt token
 //   step_logits    [n_decode, n_vocab]     target logits after feeding tokens[i]
 //   tokens         [n_decode]              greedy tokens (first maximum) fed in the steps
-//   draft_logits   [n_decode + 1, n_vocab] MTP logits: row 0 for tokens[0] fed after the prompt,
-//                                          row i + 1 for the greedy token after step i
+//   draft_logits   [n_decode + 1, n_chain, n_vocab] MTP logits: chain 0 from tokens[0] fed after
+//                                          the prompt, chain i + 1 from the greedy token after step i
 int swarm_mtp_oracle_run(const char * model_path, const char * h_name, const int32_t * prompt,
                          int32_t n_prompt, int32_t n_decode, int32_t n_ubatch, int32_t n_threads, int32_t vocab_cap,
-                         float * prefill_logits, float * step_logits, int32_t * tokens,
+                         int32_t n_chain, float * prefill_logits, float * step_logits, int32_t * tokens,
                          float * draft_logits) {
     if (!model_path || !h_name || strlen(h_name) >= 64 || !prompt || n_prompt < 1 || n_decode < 0 ||
+        n_chain < 1 ||
         n_ubatch < 1 || n_threads < 1 || !prefill_logits || !step_logits || !tokens || !draft_logits) {
         return -1;
     }
@@ -227,6 +240,9 @@ int swarm_mtp_oracle_run(const char * model_path, const char * h_name, const int
     if (rc == 0 && !(o.mtp = llama_init_from_model(o.model, cp))) {
         rc = -3;
     }
+    if (rc == 0) {
+        oracle_set_embeddings_nextn(o.mtp, true, true);  // as the driver: h_nextn of output rows
+    }
 
     for (int32_t off = 0; rc == 0 && off < n_prompt; off += n_ubatch) {
         const int32_t n = n_prompt - off < n_ubatch ? n_prompt - off : n_ubatch;
@@ -235,7 +251,7 @@ int swarm_mtp_oracle_run(const char * model_path, const char * h_name, const int
     int32_t pos = n_prompt;
     int32_t nxt = rc == 0 ? argmax(prefill_logits + (size_t) (n_prompt - 1) * o.n_vocab, o.n_vocab) : 0;
     if (rc == 0) {
-        rc = draft(&o, nxt, pos, draft_logits);
+        rc = draft(&o, nxt, pos, n_chain, draft_logits);
     }
     for (int32_t i = 0; i < n_decode && rc == 0; i++) {
         tokens[i] = nxt;
@@ -244,7 +260,7 @@ int swarm_mtp_oracle_run(const char * model_path, const char * h_name, const int
         pos++;
         nxt = argmax(row, o.n_vocab);
         if (rc == 0) {
-            rc = draft(&o, nxt, pos, draft_logits + (size_t) (i + 1) * o.n_vocab);
+            rc = draft(&o, nxt, pos, n_chain, draft_logits + (size_t) (i + 1) * n_chain * o.n_vocab);
         }
     }
     release(&o);

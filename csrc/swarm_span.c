@@ -16,8 +16,9 @@
 #define CAPTURE_NAME_MAX 64
 // Rows of each sequence the MTP head keeps beside its cache (token and h input of its last fed
 // positions), so swarm_span_mtp_draft_at can draft from up to this many positions back: a verify
-// pass of that many rows whose later rows are rejected (speculation with the head drafts one row).
-#define MTP_RING 8
+// pass of the head's longest chain (SWARM_MTP_MAX_DRAFTS drafts and the token before them) whose
+// drafts are rejected from the first on.
+#define MTP_RING SWARM_MTP_MAX_DRAFTS
 
 // llama.cpp's staging API (src/llama-ext.h) has C++ linkage and is not in the installed headers:
 // this binds a C declaration to its mangled symbol (Itanium ABI: bool passes as in C). It makes the
@@ -25,6 +26,9 @@
 // common/speculative.cpp asks of a target context that feeds an MTP head.
 void swarm_llama_set_embeddings_nextn(struct llama_context * ctx, bool value, bool masked)
     __asm__("_Z26llama_set_embeddings_nextnP13llama_contextbb");
+// and the head's own h_nextn of an output row, which a chained draft feeds back as its next h
+float * swarm_llama_get_embeddings_nextn_ith(struct llama_context * ctx, int32_t i)
+    __asm__("_Z30llama_get_embeddings_nextn_ithP13llama_contexti");
 
 struct swarm_span {
     struct llama_model   * model;
@@ -309,6 +313,8 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
             return SWARM_ERR_CONTEXT;
         }
         s->mtp_mem = llama_get_memory(s->mtp_ctx);
+        // the h_nextn of a draft row (its output row only): the next chained draft's h
+        swarm_llama_set_embeddings_nextn(s->mtp_ctx, true, true);
     }
     s->mem     = llama_get_memory(s->ctx);
     s->n_batch  = (int32_t) llama_n_batch(s->ctx);
@@ -436,20 +442,49 @@ static int mtp_decode(struct swarm_span * s, int32_t n) {
 
 // The head's logits [n_vocab] into out for `token` at `pos` of seq_id paired with h (h of pos - 1);
 // pos is removed from the head's cache again: a draft is not the sequence's row.
-static int mtp_draft_row(struct swarm_span * s, int32_t seq_id, int32_t token, llama_pos pos,
-                         const float * h, float * out) {
-    s->mtp_tok[0]    = token;
-    s->mtp_pos[0]    = pos;
-    s->seq_ids[0]    = seq_id;
-    s->mtp_logits[0] = 1;
-    memcpy(s->mtp_rows, h, sizeof(float) * (size_t) s->n_embd);
-    const int rc = mtp_decode(s, 1);
-    const float * lg = rc == 0 ? llama_get_logits_ith(s->mtp_ctx, 0) : NULL;
-    if (lg) {
-        memcpy(out, lg, sizeof(float) * (size_t) s->n_vocab);
+static int32_t argmax_f32(const float * row, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++) {
+        if (row[i] > row[best]) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+// Up to n drafts from `token` at pos with the head input h, chained as common/speculative.cpp's
+// draft-mtp driver chains one head: draft i + 1 feeds draft i's greedy token (first maximum) at the
+// next position with the head's own h_nextn of draft i's row. The rows stay in the head's cache
+// while the chain runs (later drafts attend to them) and are removed at the end. *made: the drafts
+// whose logits are in out ([n, n_vocab]); a chain that runs out of KV cells after its first draft
+// stops there without an error.
+static int mtp_draft_rows(struct swarm_span * s, int32_t seq_id, int32_t token, llama_pos pos,
+                          const float * h, int32_t n, float * out, int32_t * made) {
+    const size_t w = (size_t) s->n_embd;
+    int rc = SWARM_OK;
+    *made = 0;
+    memcpy(s->mtp_rows, h, sizeof(float) * w);
+    for (int32_t i = 0; i < n; i++) {
+        s->mtp_tok[0]    = token;
+        s->mtp_pos[0]    = pos + i;
+        s->seq_ids[0]    = seq_id;
+        s->mtp_logits[0] = 1;
+        const int d = mtp_decode(s, 1);
+        const float * lg = d == 0 ? llama_get_logits_ith(s->mtp_ctx, 0) : NULL;
+        const float * hn = lg && i + 1 < n ? swarm_llama_get_embeddings_nextn_ith(s->mtp_ctx, 0) : NULL;
+        if (lg) {
+            memcpy(out + (size_t) i * (size_t) s->n_vocab, lg, sizeof(float) * (size_t) s->n_vocab);
+            *made = i + 1;
+        }
+        if (!lg || i + 1 == n || !hn) {
+            rc = i > 0 ? SWARM_OK : d != 0 ? map_decode_rc(d) : lg ? SWARM_OK : SWARM_ERR_DECODE;
+            break;
+        }
+        token = argmax_f32(out + (size_t) i * (size_t) s->n_vocab, s->n_vocab);
+        memcpy(s->mtp_rows, hn, sizeof(float) * w);
     }
     llama_memory_seq_rm(s->mtp_mem, seq_id, pos, -1);
-    return rc != 0 ? map_decode_rc(rc) : lg ? SWARM_OK : SWARM_ERR_DECODE;
+    return rc;
 }
 
 // Feeds the MTP head the rows the span just decoded, segment after segment (their h captured in
@@ -756,17 +791,27 @@ int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step
     return rc;
 }
 
-int swarm_span_mtp_draft(struct swarm_span * s, int32_t seq_id, int32_t token, float * out, size_t out_cap) {
-    int rc = check_seq(s, seq_id);
+// the checks common to both drafts' arguments
+static int mtp_draft_args(const struct swarm_span * s, int32_t seq_id, int32_t token, int32_t n_draft,
+                          const float * out, size_t out_cap, const int32_t * n_made) {
+    const int rc = check_seq(s, seq_id);
     if (rc != SWARM_OK) {
         return rc;
     }
-    if (!s->mtp_ctx || !out || token < 0 || token >= s->n_vocab) {
+    if (!s->mtp_ctx || !out || !n_made || token < 0 || token >= s->n_vocab || n_draft < 1 ||
+        n_draft > SWARM_MTP_MAX_DRAFTS) {
         return SWARM_ERR_ARG;
     }
-    if (out_cap < (size_t) s->n_vocab) {
-        return SWARM_ERR_BUF;
+    return out_cap < (size_t) n_draft * (size_t) s->n_vocab ? SWARM_ERR_BUF : SWARM_OK;
+}
+
+int swarm_span_mtp_draft(struct swarm_span * s, int32_t seq_id, int32_t token, int32_t n_draft, float * out,
+                         size_t out_cap, int32_t * n_made) {
+    int rc = mtp_draft_args(s, seq_id, token, n_draft, out, out_cap, n_made);
+    if (rc != SWARM_OK) {
+        return rc;
     }
+    *n_made = 0;
     const llama_pos last = llama_memory_seq_pos_max(s->mem, seq_id);
     if (last < 0) {
         return SWARM_ERR_POS;  // no position yet: no h to draft from
@@ -775,25 +820,21 @@ int swarm_span_mtp_draft(struct swarm_span * s, int32_t seq_id, int32_t token, f
         return SWARM_ERR_STATE;
     }
     // the next step feeds the head its real row at last + 1
-    return mtp_draft_row(s, seq_id, token, last + 1, s->mtp_pending + (size_t) seq_id * s->n_embd, out);
+    return mtp_draft_rows(s, seq_id, token, last + 1, s->mtp_pending + (size_t) seq_id * s->n_embd, n_draft,
+                          out, n_made);
 }
 
-int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token, int32_t pos, float * out,
-                            size_t out_cap) {
-    int rc = check_seq(s, seq_id);
+int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token, int32_t pos,
+                            int32_t n_draft, float * out, size_t out_cap, int32_t * n_made) {
+    int rc = mtp_draft_args(s, seq_id, token, n_draft, out, out_cap, n_made);
     if (rc != SWARM_OK) {
         return rc;
     }
     const llama_pos last = llama_memory_seq_pos_max(s->mem, seq_id);
     if (pos == last + 1) {
-        return swarm_span_mtp_draft(s, seq_id, token, out, out_cap);
+        return swarm_span_mtp_draft(s, seq_id, token, n_draft, out, out_cap, n_made);
     }
-    if (!s->mtp_ctx || !out || token < 0 || token >= s->n_vocab) {
-        return SWARM_ERR_ARG;
-    }
-    if (out_cap < (size_t) s->n_vocab) {
-        return SWARM_ERR_BUF;
-    }
+    *n_made = 0;
     const int32_t n_back = last - pos + 1;  // the positions pos..last the head holds, fed again after
     if (pos < 1 || n_back < 1) {
         return SWARM_ERR_POS;
@@ -808,7 +849,8 @@ int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token
     const size_t base = (size_t) seq_id * MTP_RING;
     // the token at pos with h of pos - 1: what the head was fed at pos, with another token
     llama_memory_seq_rm(s->mtp_mem, seq_id, pos, -1);
-    rc = mtp_draft_row(s, seq_id, token, pos, s->mtp_ring_h + (base + (size_t) (pos % MTP_RING)) * w, out);
+    const float * h = s->mtp_ring_h + (base + (size_t) (pos % MTP_RING)) * w;
+    rc = mtp_draft_rows(s, seq_id, token, pos, h, n_draft, out, n_made);
     // the rows at pos..last again, as they were fed: the head's cache holds the span's positions
     for (int32_t i = 0; i < n_back; i++) {
         const size_t slot = base + (size_t) ((pos + i) % MTP_RING);
@@ -820,6 +862,7 @@ int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token
     }
     if (mtp_decode(s, n_back) != 0) {
         clear_seq(s, seq_id);  // the head could not follow the span: neither keeps the sequence
+        *n_made = 0;
         return SWARM_ERR_DECODE;
     }
     return rc;

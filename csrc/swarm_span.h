@@ -98,7 +98,8 @@ struct swarm_span_step {
 // every step also feeds the head its rows, the token at position p paired with h of p - 1 (h: the
 // last block's residual of p, captured like a non-last span's boundary; the previous step's last h
 // for a step's first row, zeros at p = 0), as llama.cpp's common/speculative.cpp feeds its MTP
-// context. swarm_span_mtp_draft then decodes the next token at pos_max + 1 and removes it again.
+// context. swarm_span_mtp_draft then decodes the next token at pos_max + 1 (and chained drafts after
+// it) and removes them again.
 // Both caches hold the same positions after every call; truncate refuses (the head keeps only the
 // last position's h), clear and state export/import cover both (and that h).
 
@@ -146,25 +147,34 @@ void swarm_span_interrupt(struct swarm_span * s, int32_t on);
 // SEQ, POS, KV_FULL, DECODE, CAPTURE, BUF.
 int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step * steps, int32_t n_steps);
 
-// MTP draft logits [n_vocab] for `token` at position pos_max(seq_id) + 1: the logits the head gives
-// for the token after it. The sequence is unchanged afterwards (the head's KV entry for the
-// position is removed again). Needs a handle opened with mtp = 1 and a sequence holding at least
-// one position, and one free KV cell past it. Errors: ARG (no head, bad token, NULL out), SEQ, POS
-// (empty sequence), BUF (out_cap < n_vocab), KV_FULL, DECODE, STATE (the head's cache is not in
-// step with the span's).
-int swarm_span_mtp_draft(struct swarm_span * s, int32_t seq_id, int32_t token, float * out, size_t out_cap);
+// The most drafts one call chains (swarm_span_mtp_draft's n_draft).
+#define SWARM_MTP_MAX_DRAFTS 8
 
-// MTP draft logits [n_vocab] for `token` at position `pos` <= pos_max(seq_id) + 1, as if the sequence
-// ended at pos - 1: the head decodes `token` with the h it was fed at pos (h of pos - 1), then its rows
-// at pos..pos_max are fed again as they were, so both caches hold the same positions afterwards
-// (the re-fed rows' entries may round apart from the first ones: they are for a verify pass's
-// rejected rows, which the caller rolls back). pos = pos_max + 1 is swarm_span_mtp_draft. The head
-// remembers what it was fed at the last 8 positions (MTP_RING) since the sequence was emptied or
-// imported, at most n_batch back. Errors: as swarm_span_mtp_draft; POS (pos < 1 or past
-// pos_max + 1); NOT_HELD (pos_max - pos + 1 rows not remembered); DECODE (re-feeding failed: the
-// sequence is emptied in both caches).
-int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token, int32_t pos, float * out,
-                            size_t out_cap);
+// MTP drafts for `token` at position pos_max(seq_id) + 1: out[0] ([n_vocab] of out's [n_draft,
+// n_vocab]) is the logits the head gives for the token after it; out[i] those for the token after
+// the greedy token (first maximum) of out[i - 1], which the head decodes at the next position with
+// its own h_nextn of the row before, as llama.cpp's common/speculative.cpp chains one MTP head
+// (n_draft = 1: one draft). *n_made: the rows of out written (>= 1 on SWARM_OK; a chain that runs
+// out of KV cells after its first draft ends there). The sequence is unchanged afterwards (the
+// head's KV entries for the drafted positions are removed again). Needs a handle opened with
+// mtp != 0, 1 <= n_draft <= SWARM_MTP_MAX_DRAFTS, a sequence holding at least one position and a
+// free KV cell past it. Errors: ARG (no head, bad token or n_draft, NULL out or n_made), SEQ, POS
+// (empty sequence), BUF (out_cap < n_draft * n_vocab), KV_FULL, DECODE, STATE (the head's cache
+// is not in step with the span's).
+int swarm_span_mtp_draft(struct swarm_span * s, int32_t seq_id, int32_t token, int32_t n_draft, float * out,
+                         size_t out_cap, int32_t * n_made);
+
+// MTP drafts as swarm_span_mtp_draft for `token` at position `pos` <= pos_max(seq_id) + 1, as if the
+// sequence ended at pos - 1: the head decodes `token` with the h it was fed at pos (h of pos - 1),
+// then its rows at pos..pos_max are fed again as they were, so both caches hold the same positions
+// afterwards (the re-fed rows' entries may round apart from the first ones: they are for a verify
+// pass's rejected rows, which the caller rolls back). pos = pos_max + 1 is swarm_span_mtp_draft.
+// The head remembers what it was fed at the last SWARM_MTP_MAX_DRAFTS positions (MTP_RING) since
+// the sequence was emptied or imported, at most n_batch back. Errors: as swarm_span_mtp_draft; POS
+// (pos < 1 or past pos_max + 1); NOT_HELD (pos_max - pos + 1 rows not remembered); DECODE
+// (re-feeding failed: the sequence is emptied in both caches).
+int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token, int32_t pos,
+                            int32_t n_draft, float * out, size_t out_cap, int32_t * n_made);
 
 // Drop positions >= pos of seq_id (pos >= 0). With an MTP head only pos = 0 (clear) or
 // pos > pos_max (nothing to drop) are accepted, else STATE. Errors: ARG, SEQ, STATE.

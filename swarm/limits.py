@@ -42,6 +42,10 @@ MAX_VERIFY_ROWS = 64
 """Most rows one verify pass may carry (`Forward.verify`): the last accepted token and up to 63
 drafted tokens; the last span answers one sampled token per row (`Token.tokens`)."""
 
+MTP_MAX_DRAFTS = 8
+"""The most drafts a last span's multi-token-prediction head chains per answer (`Token.draft`;
+csrc/swarm_span.h SWARM_MTP_MAX_DRAFTS, which must equal it)."""
+
 # ---- bounds the stream protocol (swarm/wire.py) shares with other checks ----------------------------
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024

@@ -70,7 +70,7 @@ from swarm.limits import (
 )
 from swarm.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
-PROTOCOL_GENERATION = 10
+PROTOCOL_GENERATION = 11
 """Version of every frame below; a peer refuses frames of any other generation.
 
 2: prefix KV snapshots (`Open.prefixes`, `OpenOk.restorable` / `fetched_from`, `Forward.restore`).
@@ -90,7 +90,9 @@ PROTOCOL_GENERATION = 10
    clients speculate on those models too. A generation-8 peer refused those rewinds.
 10: `Token.draft` answering a verify pass drafts after the token that follows the pass's accepted
    rows (`swarm.spec.verify.accepted` of its `token_ids` and `Token.tokens`), not after `token`:
-   a rejected guess still brings the next one."""
+   a rejected guess still brings the next one.
+11: `Forward.want_draft` is a count (was a flag) and `Token.draft` holds up to that many guesses: the
+   head's drafts chained as llama.cpp chains one MTP head, so one pass can verify several."""
 
 RECEIPT_BYTES = 16
 """Size of a step's receipt (BLAKE2b-128 of its input rows)."""
@@ -552,8 +554,9 @@ class Forward(_Frame):
             ignore them. A pushed Forward carries the ids it was sent with. Carried after the tensor
             bytes (4 B per row), so a long prefill's ids do not count against MAX_HEADER_BYTES.
         want_draft: last span only: where the span runs the model's multi-token-prediction head
-            (`SpanExecutor.has_mtp`), also answer the head's draft of the token after the sampled
-            one (`Token.draft`); a span without a head answers no draft.
+            (`SpanExecutor.has_mtp`), also answer up to this many of the head's chained drafts of
+            the tokens after the sampled one (`Token.draft`; a peer drafts at most
+            `swarm.ggml_bridge.executor.MTP_MAX_DRAFTS`); 0, or a span without a head: no draft.
     """
 
     step: int = _wire(_Int(0, _U64))
@@ -569,7 +572,7 @@ class Forward(_Frame):
     )
     verify: bool = _wire(_Bool(), default=False)
     token_ids: np.ndarray = _wire(_Ids(MAX_VOCAB - 1), default_factory=lambda: np.zeros(0, _IDS))
-    want_draft: bool = _wire(_Bool(), default=False)
+    want_draft: int = _wire(_Int(0, MAX_VERIFY_ROWS - 1), default=0)
 
     def _relate(self) -> None:
         rows = self.hidden.shape[0]
@@ -625,10 +628,10 @@ class Token(_Frame):
         tokens: answering a verify pass (`Forward.verify`): the token sampled after each of its rows,
             the last one equal to `token`; else ().
         draft: answering `Forward.want_draft` on a span with a multi-token-prediction head: the
-            head's greedy draft (argmax) of the token after `token`, one id per head block; for a
-            verify pass, of the token after the one sampled after its accepted rows
-            (`swarm.spec.verify.accepted` of the pass's `token_ids` and `tokens`), and () where the
-            head no longer holds that position; else ().
+            head's greedy drafts (argmax) of the tokens after `token`, each chained on the one
+            before (`SpanExecutor.mtp_drafts`), at most `want_draft`; for a verify pass, after the
+            token sampled after its accepted rows (`swarm.spec.verify.accepted` of the pass's
+            `token_ids` and `tokens`), and () where the head no longer holds that position; else ().
     """
 
     step: int = _wire(_Int(0, _U64))

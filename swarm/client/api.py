@@ -14,7 +14,7 @@ from swarm.client.generate import Generation, GenerationRequest, Speculation, To
 from swarm.client.text import check_utf8
 from swarm.client.tokenizer import Tokenizer
 from swarm.errors import RequestError
-from swarm.limits import MAX_CONTEXT_TOKENS
+from swarm.limits import MAX_CONTEXT_TOKENS, MTP_MAX_DRAFTS
 from swarm.models import DEFAULT_MODEL, is_model_id, resolve_model
 from swarm.sampling import SamplingParams
 from swarm.spec.draft import Draft, HeadDrafts, PromptLookup
@@ -244,7 +244,7 @@ class Client:
             self.close()
             raise RequestError(f"draft 'mtp': the model ({manifest.arch}) has no multi-token-prediction "
                                "head that the swarm serves; use lookup, self or a draft .gguf")
-        self._engine.mtp_drafts = True
+        self._engine.mtp_drafts = 1
 
     def close(self) -> None:
         """Release the swarm connection (a no-op for the local backend)."""
@@ -279,6 +279,8 @@ class Client:
         req = GenerationRequest(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop))
         if speculate:
             check_request(len(tokens), req, self._engine.context_limit)  # the draft is sized by it
+            if self._head_drafts:  # as many chained guesses as the request verifies per pass
+                self._engine.mtp_drafts = min(speculate, MTP_MAX_DRAFTS)
             req = dataclasses.replace(req, speculation=Speculation(
                 self._draft(len(tokens) + max_new_tokens), k=speculate, group_rows=self.verify_group_rows,
                 adaptive=self.adaptive_speculation, pipeline=self.pipeline_speculation))

@@ -78,9 +78,10 @@ class RemoteEngine:
         checks: what those checks share: the band of this model's quantization, the peers'
             standing (route pricing), where evidence of caught peers goes (`swarm status` reads it).
         settle_checks: a session's close waits for its checks in flight (tests, benchmarks).
-        mtp_drafts: ask the last span for its multi-token-prediction head's draft after every kept
-            token (`Forward.want_draft`; `GenerationTelemetry.mtp_drafts`), which `HeadDrafts`
-            (swarm/spec/draft.py, `Client(draft="mtp")`) proposes for speculation.
+        mtp_drafts: how many chained drafts to ask of the last span's multi-token-prediction head
+            after every kept token (`Forward.want_draft`; `GenerationTelemetry.mtp_drafts`), which
+            `HeadDrafts` (swarm/spec/draft.py, `Client(draft="mtp")`) proposes for speculation; 0:
+            none. Read when a session opens.
         rollback_exact: the model's hops can roll a sequence back to any position
             (`ArchRow.rollback_exact`, and no served MTP head); without it they roll back only a
             verify pass's rows, from the state exported before it (swarm/peer/checkpoints.py), and
@@ -121,7 +122,7 @@ class RemoteEngine:
         self.checks = CheckContext(self.check_policy, band_for(manifest.arch, quant_type(manifest.hparams)),
                                    Standing(self.check_policy), evidence_dir=resolve_data_dir(None))
         self.settle_checks = False
-        self.mtp_drafts = False
+        self.mtp_drafts = 0
         self._rng = random.SystemRandom()
         self._sessions: set[RemoteSession] = set()
 

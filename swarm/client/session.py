@@ -242,10 +242,10 @@ class RouteSession:
         self._push_addrs = push_addrs
         self.chained = False
         """The current route is chained: steps go out with `Forward.push`."""
-        self.mtp_drafts = False
-        """Ask the last span for its multi-token-prediction head's draft (`Forward.want_draft`) on
-        steps that say so (`step(draft=True)`); answers land in `telemetry.mtp_drafts`."""
-        self._want_draft = False
+        self.mtp_drafts = 0
+        """Drafts to ask of the last span's multi-token-prediction head (`Forward.want_draft`) on
+        steps that say so (`step(draft=True)`), 0: none; answers land in `telemetry.mtp_drafts`."""
+        self._want_draft = 0
         self._exclusions, self.telemetry, self.policy = exclusions, telemetry, policy
         self._now, self._sleep, self._rng = now, sleep, rng
         self._hops: list[_Hop] = []
@@ -346,7 +346,7 @@ class RouteSession:
             group_rows: a verify pass's rows per step (`Forward.steps`, recorded as such for replay);
                 None: the route's `verify_rows`, recorded as one-row steps (they compute as such).
             token_ids: `[n]` the rows' token ids; required with `spec.token_ids`, else ignored.
-            draft: with `mtp_drafts`, ask the last span for its MTP head's draft after the sampled
+            draft: with `mtp_drafts`, ask the last span for its MTP head's drafts after the sampled
                 token (a step whose token is kept: a prompt's last chunk, a decode step).
             ahead: with `verify` on a chained route (server push), awaited once this pass is on its
                 way to the first hop: the next verify pass's rows `[m, hidden]` float32 (positions
@@ -364,7 +364,7 @@ class RouteSession:
             raise ValueError(f"this model's Forwards carry token ids: give {x.shape[0]}, one per row")
         if await self._apply_checks():
             raise Rewound(self.pos, self._replayed_token)
-        self._want_draft = draft and self.mtp_drafts
+        self._want_draft = self.mtp_drafts if draft else 0
         pos0, i, x0 = self.pos, 0, x
         if self.spec.token_ids:
             self._record_ids(pos0, token_ids)

@@ -35,6 +35,7 @@ from swarm.arch import arch_row
 from swarm.errors import ExecutorError, ExecutorInterrupted
 from swarm.ggml_bridge import _lib
 from swarm.ggml_bridge.slicing import build_span, read_span_layers, span_has_mtp, span_reads_token_ids
+from swarm.limits import MTP_MAX_DRAFTS
 
 
 @dataclass(frozen=True)
@@ -353,25 +354,39 @@ class SpanExecutor:
         return ExecutorError(f"sequence {seq_id}: {what} failed: {self._status(rc)}")
 
     def mtp_draft(self, seq_id: int, token: int, pos: int | None = None) -> np.ndarray:
+        """The MTP head's logits for the token after `token`: `mtp_drafts(seq_id, token, 1, pos)[0]`.
+
+        Returns:
+            [n_vocab] float32 logits; argmax is the head's greedy draft.
+        Raises:
+            ExecutorError: as `mtp_drafts`.
+        """
+        return self.mtp_drafts(seq_id, token, 1, pos)[0]
+
+    def mtp_drafts(self, seq_id: int, token: int, n: int, pos: int | None = None) -> np.ndarray:
         """The MTP head's logits for the token after `token`, where `token` is the one the caller
-        feeds at `pos` (default pos_max + 1, the next position): argmax is the head's greedy draft.
+        feeds at `pos` (default pos_max + 1, the next position), and for up to n - 1 tokens after
+        that: row i + 1 drafts after row i's greedy token (first maximum), which the head feeds at the
+        next position with its own h_nextn, as llama.cpp's common/speculative.cpp chains one head.
         The head reads h of pos - 1 (the tensor `ArchRow.mtp_input` names) and its own cache up to
         it; it is left holding the sequence's positions as before (the next step feeds the head its
         real row), so a draft may be asked again or not at all. A `pos` inside the sequence drafts as
         if it ended at pos - 1 (a verify pass whose rows from pos on are rejected); the head
-        remembers its last `MTP_RING` (8) positions for that, and the entries it holds for pos..
-        afterwards are recomputed ones (csrc/swarm_span.h `swarm_span_mtp_draft_at`).
+        remembers its last `MTP_MAX_DRAFTS` (8) positions for that, and the entries it holds for
+        pos.. afterwards are recomputed ones (csrc/swarm_span.h `swarm_span_mtp_draft_at`).
 
         Args:
             seq_id: a sequence holding at least one position.
             token: int in [0, n_vocab).
+            n: drafts to chain, 1..MTP_MAX_DRAFTS.
             pos: 1..pos_max + 1, or None: pos_max + 1.
         Returns:
-            [n_vocab] float32 logits.
+            [m, n_vocab] float32 logits, 1 <= m <= n: fewer where the session's KV stream has no cell
+            left for the later drafts.
         Raises:
-            ExecutorError: no MTP head, unknown seq id, empty sequence, token out of range, a pos
-                the head does not remember (before the last 8, or before a state import), no KV
-                cell left for the draft position, llama.cpp failure.
+            ExecutorError: no MTP head, unknown seq id, empty sequence, token or n out of range, a
+                pos the head does not remember (before the last 8, or before a state import), no
+                KV cell left for the first draft's position, llama.cpp failure.
         """
         h = self._handle()
         self._check_seq(seq_id)
@@ -380,17 +395,21 @@ class SpanExecutor:
         if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or \
                 not 0 <= token < self._n_vocab:
             raise ExecutorError(f"token must be an int in [0, {self._n_vocab}), got {token!r:.40}")
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MTP_MAX_DRAFTS:
+            raise ExecutorError(f"drafts must be an int in [1, {MTP_MAX_DRAFTS}], got {n!r:.40}")
         last = self.pos_max(seq_id)
         if last < 0:
             raise ExecutorError(f"sequence {seq_id} is empty: the MTP head drafts after a position")
         at = last + 1 if pos is None else pos
         if isinstance(at, bool) or not isinstance(at, (int, np.integer)) or not 1 <= at <= last + 1:
             raise ExecutorError(f"draft position must be an int in [1, {last + 1}], got {pos!r:.40}")
-        out = np.empty(self._n_vocab, dtype=np.float32)
-        rc = self._so.swarm_span_mtp_draft_at(h, seq_id, int(token), int(at),
-                                              out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size)
+        out = np.empty((n, self._n_vocab), dtype=np.float32)
+        made = ctypes.c_int32(0)
+        rc = self._so.swarm_span_mtp_draft_at(h, seq_id, int(token), int(at), int(n),
+                                              out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size,
+                                              ctypes.byref(made))
         self._call(rc, f"MTP draft of sequence {seq_id} at {at}")
-        return out
+        return out[:made.value]
 
     def truncate(self, seq_id: int, pos: int) -> None:
         """Drop positions >= pos of `seq_id` (rollback); pos_max becomes min(pos_max, pos - 1).

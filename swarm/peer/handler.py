@@ -290,17 +290,18 @@ async def _dispatch(streams: PeerStreams, session: _Session, frame):
 
 
 async def _draft(span: Span, slot: SessionSlot, frame: Forward, reply: Token) -> tuple[int, ...]:
-    """The head's draft of the token after the one the session's next step feeds (`Token.draft`).
-    After a verify pass that is the token sampled after its accepted rows (`accepted`: the fed
-    tokens against the sampled ones), so a pass whose guess is rejected still brings the next guess.
-    A draft the head cannot make (a pass longer than it remembers, no KV cell left for the draft
-    position) is answered as none: the step itself was computed, and the client then decodes plainly."""
+    """The head's drafts (`frame.want_draft` at most) of the tokens after the one the session's next
+    step feeds (`Token.draft`). After a verify pass that is the token sampled after its accepted rows
+    (`accepted`: the fed tokens against the sampled ones), so a pass whose guesses are rejected still
+    brings the next ones. A draft the head cannot make (a pass longer than it remembers, no KV cell
+    left for the draft position) is answered as none: the step itself was computed, and the client
+    then decodes plainly."""
     token, pos = reply.token, None
     if frame.verify and frame.token_ids.shape[0] == len(reply.tokens):
         new = accepted(frame.token_ids[1:].tolist(), reply.tokens)
         token, pos = new[-1], frame.pos0 + len(new)
     try:
-        return await span.mtp_draft(slot, token, pos)
+        return await span.mtp_draft(slot, token, frame.want_draft, pos)
     except ExecutorError as e:
         logger.info("no MTP draft for session %s: %s", slot.seq_id, e)
         return ()

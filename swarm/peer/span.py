@@ -25,6 +25,7 @@ import numpy as np
 from swarm.errors import ExecutorError, RequestError, SwarmError
 from swarm.ggml_bridge.executor import SpanExecutor
 from swarm.kv.sessions import SessionSlot, SessionTable
+from swarm.limits import MTP_MAX_DRAFTS
 from swarm.peer.checkpoints import Checkpoints, replay
 from swarm.peer.exact_rows import exact_rows
 from swarm.peer.rebalance import Drain
@@ -114,19 +115,23 @@ class Span:
         """The span runs the model's multi-token-prediction head (a last span whose file keeps it)."""
         return self.executor.has_mtp
 
-    async def mtp_draft(self, slot: SessionSlot, token: int, pos: int | None = None) -> tuple[int, ...]:
-        """The MTP head's greedy draft of the token after `token`, the token the session's next step
-        feeds at `pos` (default `slot.pos`; an earlier one drafts as if the session ended before it:
-        `SpanExecutor.mtp_draft`; the head's state holds the session's positions as before).
+    async def mtp_draft(self, slot: SessionSlot, token: int, n: int,
+                        pos: int | None = None) -> tuple[int, ...]:
+        """The MTP head's greedy drafts of the tokens after `token`, the token the session's next step
+        feeds at `pos` (default `slot.pos`; an earlier one drafts as if the session ended before it),
+        chained (`SpanExecutor.mtp_drafts`); the head's state holds the session's positions as before.
 
+        Args:
+            n: drafts asked for; at most MTP_MAX_DRAFTS are made.
         Returns:
-            (draft token id,): one per head block.
+            1..min(n, MTP_MAX_DRAFTS) draft token ids, in position order.
         Raises:
             ExecutorError: no head, an empty sequence, a token out of range, a position the head does
                 not remember, llama.cpp failed.
         """
-        logits = await self.run(self.executor.mtp_draft, slot.seq_id, token, pos, client=slot.owner)
-        return (int(np.argmax(logits)),)
+        logits = await self.run(self.executor.mtp_drafts, slot.seq_id, token, min(n, MTP_MAX_DRAFTS), pos,
+                                client=slot.owner)
+        return tuple(int(t) for t in np.argmax(logits, axis=1))
 
     async def admit(self, session_id: bytes, owner: str, max_tokens: int, now_s: float) -> SessionSlot:
         """Open a session of `owner` reserving `max_tokens`, with an empty sequence.

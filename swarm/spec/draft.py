@@ -71,13 +71,15 @@ class PromptLookup:
 
 class HeadDrafts:
     """Drafts of the model's multi-token-prediction (MTP, nextn) head, served on the route's last
-    span: with `RemoteEngine.mtp_drafts` on, the answer to each kept token carries the head's greedy
-    guess of the token after it (`Token.draft`), which the route session files by position in
-    `GenerationTelemetry.mtp_drafts`. This draft proposes the guess for the next position, so each
-    pass verifies at most one drafted token (as many as the head has blocks: DeepSeek-V4 has one).
-    A pass whose guess is rejected brings the head's guess after the token that replaces it (the
-    last span drafts from the accepted rows: `Token.draft`), so every pass carries a guess; where
-    the head no longer holds that position the answer has none and the next step decodes plainly.
+    span: with `RemoteEngine.mtp_drafts` set, the answer to each kept token carries up to that many
+    greedy guesses of the tokens after it (`Token.draft`), the head's drafts chained as llama.cpp's
+    MTP driver chains one head (each from the guess before and the head's own hidden state), which
+    the route session files by position in `GenerationTelemetry.mtp_drafts`. This draft proposes
+    the guesses from the next position on, so each pass verifies up to `RemoteEngine.mtp_drafts`
+    (at most MTP_MAX_DRAFTS, 8). A pass whose guesses are rejected brings the head's guesses after
+    the token that replaces them (the last span drafts from the accepted rows: `Token.draft`), so
+    every pass carries guesses; where the head no longer holds that position the answer has none
+    and the next step decodes plainly.
     """
 
     def __init__(self) -> None:

@@ -28,7 +28,7 @@ from swarm.errors import RequestError
 from swarm.manifest import build_manifest
 from swarm.sampling import SamplingParams
 from swarm.wire import Error, ErrorCode, Forward, Hidden, Token, encode_frame
-from tests.helpers.mtp_oracle import run_mtp_oracle
+from tests.helpers.mtp_oracle import kept_by_chain, run_mtp_oracle
 from tests.helpers.oracle import N_DECODE, PROMPT, run_oracle
 from tests.helpers.peers import PeerSet, RawClient, serve_args, signal_tree
 from tests.helpers.synthetic import N_EMBD, N_VOCAB, deepseek4_mtp, write_synthetic
@@ -140,7 +140,7 @@ def test_a_forward_without_token_ids_to_a_hash_routed_span_is_refused_and_the_pe
     last = RawClient(peers["p2"], build_manifest(path).model_id, tmp_path / "last", span=(2, 4))
     try:
         s = last.open_session()
-        answer = last.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=rows(2), want_draft=True)))
+        answer = last.ask(s, encode_frame(Forward(step=0, pos0=0, hidden=rows(2), want_draft=1)))
         assert isinstance(answer, Token) and answer.draft == (), answer
     finally:
         last.close()
@@ -170,7 +170,7 @@ def test_the_last_peer_answers_the_drafts_of_the_whole_models_mtp_head(ds4_mtp, 
     assert len(set(want_drafts)) > 3  # random weights: the drafts vary, so equality is a real check
     with Client(str(path), initial_peers=first.maddrs) as client:
         client._engine.push = push  # noqa: SLF001 - the engine's documented switches
-        client._engine.mtp_drafts = True  # noqa: SLF001
+        client._engine.mtp_drafts = 1  # noqa: SLF001
         got = client.stream_tokens(prompt, max_new_tokens=N_DECODE + 1).run()
     n = min(len(got.tokens), N_DECODE + 1)
     assert n >= 8 and got.tokens[:min(n, N_DECODE)] == want.tokens[:min(n, N_DECODE)]
@@ -181,29 +181,30 @@ def test_the_last_peer_answers_the_drafts_of_the_whole_models_mtp_head(ds4_mtp, 
 
 @pytest.mark.parametrize("push", [True, False], ids=["push", "relay"])
 def test_speculation_with_the_mtp_heads_drafts_gives_the_whole_models_tokens(ds4_mtp, push):
-    """`draft="mtp"`: each pass verifies the head's guess of the token after the last kept one; a
-    rejected guess rolls every hop back from its checkpoint, the head's state with it, so every
-    guess the route answers after that is still the whole model's head's (none from rejected rows),
-    and the pass that rejects it answers the guess after the token replacing it."""
+    """`draft="mtp"`: each pass verifies the head's chain of 4 guesses of the tokens after the last
+    kept one; a rejected guess rolls every hop back from its checkpoint, the head's state with it, so
+    every chain the route answers after that is still the whole model's head's (none from rejected
+    rows), and the pass that rejects a guess answers the chain after the token replacing it."""
     path, first = ds4_mtp
     prompt = run_oracle(path, TEXT).prompt
-    want = run_mtp_oracle(path, prompt, N_VOCAB)
-    want_drafts = np.argmax(want.draft_logits, axis=1).tolist()
+    want = run_mtp_oracle(path, prompt, N_VOCAB, n_chain=4)
     with Client(str(path), initial_peers=first.maddrs, draft="mtp", adaptive_speculation=False) as client:
         client._engine.push = push  # noqa: SLF001 - the engine's documented switch
         got = client.stream_tokens(prompt, max_new_tokens=N_DECODE, speculate=4).run()
     n = len(got.tokens)
     assert n >= 8 and got.tokens == want.tokens[:n]
     spec = got.telemetry.speculation
-    assert spec.passes > 0 and spec.drafted == spec.passes  # one guess per pass: the head's
+    assert spec.passes > 0 and spec.passes < spec.drafted <= 4 * spec.passes  # the head's chains
     assert spec.passes + spec.accepted >= n - 2  # a rejected guess brings the next: a plain step only last
-    # each verified guess was the head's for that position, kept exactly when it was the token there
-    heads = {len(prompt) + 1 + i: d for i, d in enumerate(want_drafts)}
+    # each verified chain was the head's for that position, its first guess kept exactly when it
+    # was the token there
+    chains = np.argmax(want.chain_logits, axis=2).tolist()
+    heads = {len(prompt) + 1 + i: tuple(c) for i, c in enumerate(chains)}
     tokens_at = {len(prompt) + i: t for i, t in enumerate(want.tokens)}
     drafts = got.telemetry.mtp_drafts
-    assert drafts and all(drafts[p] == (heads[p],) for p in drafts)
+    assert drafts and all(drafts[p] == heads[p] for p in drafts)
     assert 0 < spec.accepted < spec.drafted  # some guesses kept, some rolled back
-    assert spec.accepted <= sum(heads[p] == tokens_at.get(p) for p in drafts)
+    assert spec.accepted <= sum(kept_by_chain(drafts[p], p, tokens_at) for p in drafts)
 
 
 def test_draft_mtp_is_refused_for_a_model_without_a_served_head(ds4):

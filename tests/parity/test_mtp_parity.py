@@ -27,6 +27,7 @@ from swarm.ggml_bridge.gguf_header import scan
 from swarm.ggml_bridge.slicing import (build_span, legal_starts, mtp_layers, read_span_layers, span_has_mtp,
                                        span_reads_token_ids)
 from swarm.kv.budget import span_budget
+from swarm.limits import MTP_MAX_DRAFTS
 from swarm.manifest import Manifest, build_manifest
 from tests.helpers.chains import chain_forward, open_chain
 from tests.helpers.mtp_oracle import run_mtp_oracle
@@ -35,6 +36,7 @@ from tests.helpers.synthetic import MTP_SPECS, N_VOCAB, deepseek4_mtp, with_laye
 from tests.parity.test_synthetic_parity import SYNTH_PROMPT
 
 N_TRUNK = 4  # the synthetic model's layers; its MTP block is block 4
+N_CHAIN = 3  # drafts chained per call in the whole-model comparison
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +91,7 @@ def test_mtp_head_on_the_last_span_drafts_what_the_whole_model_drafts(arch, cuts
     assert legal_starts(mtp_model)[1:] == sorted(set(legal_starts(mtp_model)[1:]))
     assert set(cuts) <= set(legal_starts(mtp_model))
     prompt = oracle_for(mtp_model, SYNTH_PROMPT).prompt
-    mtp_oracle = run_mtp_oracle(mtp_model, prompt, N_VOCAB)
+    mtp_oracle = run_mtp_oracle(mtp_model, prompt, N_VOCAB, n_chain=N_CHAIN)
     # loading the MTP block leaves the whole model's own logits as llama-cpp-python's
     plain = oracle_for(mtp_model, SYNTH_PROMPT)
     assert np.abs(mtp_oracle.prefill_logits - plain.prefill_logits).max() == 0.0
@@ -97,6 +99,8 @@ def test_mtp_head_on_the_last_span_drafts_what_the_whole_model_drafts(arch, cuts
     # random weights: the head's logits spread over units and its drafts vary, so 0.0 is a real check
     assert float(mtp_oracle.draft_logits.std()) > 0.1
     assert len(set(np.argmax(mtp_oracle.draft_logits, axis=1).tolist())) > 5
+    # a chained draft reads the head's own h and the draft before it: not the first draft again
+    assert np.abs(mtp_oracle.chain_logits[:, 1:] - mtp_oracle.chain_logits[:, :1]).max() > 1.0
 
     embedder = TokenEmbedder(mtp_model)
     chain = open_chain(mtp_model, cuts, span_cache)
@@ -105,14 +109,15 @@ def test_mtp_head_on_the_last_span_drafts_what_the_whole_model_drafts(arch, cuts
         prefill = chain_forward(chain, embedder, 0, 0, prompt, all_logits=True)
         assert np.abs(prefill - mtp_oracle.prefill_logits).max() == 0.0
         pos, nxt = len(prompt), int(np.argmax(prefill[-1]))
-        drafts = [chain[-1].mtp_draft(0, nxt)]
+        drafts = [chain[-1].mtp_drafts(0, nxt, N_CHAIN)]
         for _ in range(N_DECODE):
             step = chain_forward(chain, embedder, 0, pos, [nxt])
             pos, nxt = pos + 1, int(np.argmax(step[0]))
-            drafts.append(chain[-1].mtp_draft(0, nxt))
+            drafts.append(chain[-1].mtp_drafts(0, nxt, N_CHAIN))
         got = np.stack(drafts)
-        assert np.abs(got - mtp_oracle.draft_logits).max() == 0.0
-        assert np.argmax(got, axis=1).tolist() == np.argmax(mtp_oracle.draft_logits, axis=1).tolist()
+        assert np.abs(got - mtp_oracle.chain_logits).max() == 0.0
+        assert np.argmax(got, axis=2).tolist() == np.argmax(mtp_oracle.chain_logits, axis=2).tolist()
+        assert np.array_equal(chain[-1].mtp_draft(0, nxt), got[-1, 0])  # one draft: the chain's first
         assert [ex.pos_max(0) for ex in chain] == [pos - 1] * len(chain)  # drafts add no position
         # a prefill asking only its last row's logits (as peers do) still feeds the head every row
         # (the head's h rows come before the output head, whose one-row product may round apart)
@@ -191,6 +196,12 @@ def test_mtp_head_stays_in_step_with_the_sequence(mtp_model, prompt, span_cache)
         last.forward(0, 0, h, token_ids=np.array(ids))
         draft = last.mtp_draft(0, tok)
         assert np.array_equal(last.mtp_draft(0, tok), draft)  # asking again changes nothing
+        # the longest chain the C side takes is the one the wire's peers draft (MTP_MAX_DRAFTS)
+        longest = last.mtp_drafts(0, tok, MTP_MAX_DRAFTS)
+        assert longest.shape == (MTP_MAX_DRAFTS, N_VOCAB) and np.array_equal(longest[0], draft)
+        with pytest.raises(ExecutorError, match=r"drafts must be an int in \[1, 8\]"):
+            last.mtp_drafts(0, tok, MTP_MAX_DRAFTS + 1)
+        assert last.pos_max(0) == 39 and np.array_equal(last.mtp_draft(0, tok), draft)  # chains add none
         with pytest.raises(ExecutorError, match=r"token must be an int in \[0, "):
             last.mtp_draft(0, N_VOCAB)
         with pytest.raises(ExecutorError, match="no multi-token-prediction head"):
@@ -245,6 +256,7 @@ def test_a_draft_from_inside_the_sequence_is_the_draft_of_the_sequence_ending_th
         before = last.mtp_draft(1, 5)
         assert np.abs(want - before).max() > 1.0  # the later rows change the head's draft
         assert np.array_equal(last.mtp_draft(1, 42, n + 1), want)
+        assert np.array_equal(last.mtp_drafts(1, 42, 3, n + 1), last.mtp_drafts(0, 42, 3))  # chained too
         assert [ex.pos_max(1) for ex in chain] == [n + 2] * 2
         # the head holds n + 1 and n + 2 again, re-fed as one batch of two rows: within its rounding
         after = last.mtp_draft(1, 5)

@@ -77,8 +77,8 @@ def _frames():
         Forward(step=12, pos0=3, hidden=H_PREFILL, token_ids=np.array([0, 7, 255, 2**20 - 1, 42], np.int64),
                 push=True),
         Token(step=11, token=5, logprob=None, top=(), compute_ms=0.5, tokens=(1, 2, 3, 4, 5)),
-        Forward(step=13, pos0=9, hidden=H576, want_draft=True),
-        Token(step=13, token=5, logprob=None, top=(), compute_ms=0.5, draft=(17,)),
+        Forward(step=13, pos0=9, hidden=H576, want_draft=3),
+        Token(step=13, token=5, logprob=None, top=(), compute_ms=0.5, draft=(17, 4, 9)),
         Hidden(step=9, hidden=H576, compute_ms=1.0, pushed=True),
         Chain(next_peer="12D3KooWnext", next_session=bytes(16), next_addrs=("/ip4/10.0.0.2/tcp/4001",),
               next_direct=("/ip4/10.0.0.2/tcp/4002",), prev_peer="12D3KooWprev"),
@@ -136,14 +136,17 @@ def test_generation_mismatch_is_refused_before_the_header():
         decode_frame(bytes(body))
 
 
-def test_a_generation_9_peer_is_refused():
-    # generation 10 changed no frame's layout but what a verify pass's `Token.draft` drafts after (the
-    # token following its accepted rows, not its last sampled token): a generation-9 frame is refused
-    # by its first byte, as the peer's handler refuses any mismatch at the handshake
-    assert PROTOCOL_GENERATION == 10
-    body = _raw(_fwd_header(), bytes(16), generation=9)
-    with pytest.raises(ProtocolError, match="peer speaks protocol generation 9, this one speaks 10"):
+def test_a_generation_10_peer_is_refused_and_a_draft_count_is_a_count():
+    # generation 11 made `Forward.want_draft` a count of chained drafts (generation 10's was a flag,
+    # which a generation-10 peer would read as one draft): a generation-10 frame is refused by its
+    # first byte, as the peer's handler refuses any mismatch at the handshake
+    assert PROTOCOL_GENERATION == 11
+    body = _raw(_fwd_header(), bytes(16), generation=10)
+    with pytest.raises(ProtocolError, match="peer speaks protocol generation 10, this one speaks 11"):
         decode_frame(body)
+    for bad in (True, -1, MAX_VERIFY_ROWS):
+        with pytest.raises(ProtocolError, match="want_draft"):
+            Forward(step=0, pos0=0, hidden=H576, want_draft=bad)
 
 
 def test_a_receipt_is_the_digest_of_the_rows_as_float32():
@@ -177,7 +180,7 @@ def _fwd_header(**over):
         "steps": [],
         "verify": False,
         "token_ids": 0,
-        "want_draft": False,
+        "want_draft": 0,
         "dtype": "f32",
         "shape": [1, 4],
     }
