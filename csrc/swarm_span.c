@@ -14,11 +14,6 @@
 #include "llama.h"
 
 #define CAPTURE_NAME_MAX 64
-// Rows of each sequence the MTP head keeps beside its cache (token and h input of its last fed
-// positions), so swarm_span_mtp_draft_at can draft from up to this many positions back: a verify
-// pass of the head's longest chain (SWARM_MTP_MAX_DRAFTS drafts and the token before them) whose
-// drafts are rejected from the first on.
-#define MTP_RING SWARM_MTP_MAX_DRAFTS
 
 // llama.cpp's staging API (src/llama-ext.h) has C++ linkage and is not in the installed headers:
 // this binds a C declaration to its mangled symbol (Itanium ABI: bool passes as in C). It makes the
@@ -85,12 +80,19 @@ struct swarm_span {
     llama_token  * mtp_tok;
     llama_pos    * mtp_pos;
     int8_t       * mtp_logits;
-    // per sequence, what the head was fed at its last MTP_RING positions: position p at slot
-    // p % MTP_RING ([n_seq_max, MTP_RING] tokens, [n_seq_max, MTP_RING, n_embd] h inputs), valid
-    // from mtp_ring_lo (the first position fed since the sequence was emptied or imported)
+    // per sequence, what the head was fed at its last mtp_ring positions: position p at slot
+    // p % mtp_ring ([n_seq_max, mtp_ring] tokens, [n_seq_max, mtp_ring, n_embd] h inputs), valid
+    // from mtp_ring_lo (the first position the ring still holds since the sequence was emptied or
+    // imported) and within mtp_ring of the last position
     llama_token  * mtp_ring_tok;
     float        * mtp_ring_h;
     llama_pos    * mtp_ring_lo;
+    // rows of each sequence the ring keeps: SWARM_MTP_MAX_DRAFTS, so swarm_span_mtp_draft_at can draft
+    // after a verify pass of the head's longest chain whose drafts are all rejected; or, where the
+    // span's cache truncates (mtp_truncate), SWARM_MTP_TRUNCATE_ROWS, so swarm_span_truncate can
+    // cut a verify pass and one sent ahead of it back
+    int32_t        mtp_ring;
+    bool           mtp_truncate;
 };
 
 // One sequence's rows of an MTP feed: the next n rows of the captured h, at pos0.. of seq_id.
@@ -181,7 +183,7 @@ static int alloc_batch(struct swarm_span * s) {
         s->mtp_tok     = malloc(n * sizeof(*s->mtp_tok));
         s->mtp_pos     = malloc(n * GGML_MROPE_SECTIONS * sizeof(*s->mtp_pos));
         s->mtp_logits  = calloc(n, sizeof(*s->mtp_logits));
-        const size_t ring = (size_t) s->n_seq_max * MTP_RING;
+        const size_t ring = (size_t) s->n_seq_max * (size_t) s->mtp_ring;
         s->mtp_ring_tok = malloc(ring * sizeof(*s->mtp_ring_tok));
         s->mtp_ring_h   = malloc(ring * w * sizeof(float));
         s->mtp_ring_lo  = malloc((size_t) s->n_seq_max * sizeof(*s->mtp_ring_lo));
@@ -211,7 +213,8 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
         p->flash_attn < -1 || p->flash_attn > 1) {
         return SWARM_ERR_ARG;
     }
-    if (p->mtp < 0 || p->mtp > 2 || (p->mtp != 0 && !p->is_last)) {
+    if (p->mtp < 0 || p->mtp > 2 || (p->mtp != 0 && !p->is_last) || p->mtp_truncate < 0 ||
+        p->mtp_truncate > 1) {
         return SWARM_ERR_ARG;  // the head follows the model's last layer
     }
     // a non-last span captures its boundary, an MTP span the rows its head reads: the last block's
@@ -231,6 +234,8 @@ int swarm_span_open(const struct swarm_span_params * p, struct swarm_span ** out
     s->is_last   = p->is_last != 0;
     s->require_tokens = p->require_token_ids != 0;
     s->step_tokens    = s->require_tokens || p->mtp;
+    s->mtp_truncate   = p->mtp && p->mtp_truncate;
+    s->mtp_ring       = s->mtp_truncate ? SWARM_MTP_TRUNCATE_ROWS : SWARM_MTP_MAX_DRAFTS;
     s->n_seq_max = p->n_seq_max;
     if (names_block) {
         snprintf(s->capture, sizeof(s->capture), "%s-%d", p->capture_name, p->capture_layer);
@@ -512,8 +517,9 @@ static int mtp_feed(struct swarm_span * s, const struct mtp_seg * segs, int32_t 
     t = 0;
     for (int32_t k = 0; k < n_segs; k++) {
         const struct mtp_seg * g = &segs[k];
-        for (int32_t i = g->n > MTP_RING ? g->n - MTP_RING : 0; i < g->n; i++) {  // what the ring keeps
-            const size_t slot = (size_t) g->seq_id * MTP_RING + (size_t) ((g->pos0 + i) % MTP_RING);
+        const int32_t r = s->mtp_ring;
+        for (int32_t i = g->n > r ? g->n - r : 0; i < g->n; i++) {  // what the ring keeps
+            const size_t slot = (size_t) g->seq_id * (size_t) r + (size_t) ((g->pos0 + i) % r);
             s->mtp_ring_tok[slot] = g->tokens[i];
             memcpy(s->mtp_ring_h + slot * w, s->mtp_rows + (size_t) (t + i) * w, w * sizeof(float));
         }
@@ -839,21 +845,21 @@ int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token
     if (pos < 1 || n_back < 1) {
         return SWARM_ERR_POS;
     }
-    if (n_back > MTP_RING || n_back > s->n_batch || pos < s->mtp_ring_lo[seq_id]) {
+    if (n_back > s->mtp_ring || n_back > s->n_batch || pos < s->mtp_ring_lo[seq_id]) {
         return SWARM_ERR_NOT_HELD;
     }
     if (llama_memory_seq_pos_max(s->mtp_mem, seq_id) != last) {
         return SWARM_ERR_STATE;
     }
     const size_t w = (size_t) s->n_embd;
-    const size_t base = (size_t) seq_id * MTP_RING;
+    const size_t base = (size_t) seq_id * (size_t) s->mtp_ring;
     // the token at pos with h of pos - 1: what the head was fed at pos, with another token
     llama_memory_seq_rm(s->mtp_mem, seq_id, pos, -1);
-    const float * h = s->mtp_ring_h + (base + (size_t) (pos % MTP_RING)) * w;
+    const float * h = s->mtp_ring_h + (base + (size_t) (pos % s->mtp_ring)) * w;
     rc = mtp_draft_rows(s, seq_id, token, pos, h, n_draft, out, n_made);
     // the rows at pos..last again, as they were fed: the head's cache holds the span's positions
     for (int32_t i = 0; i < n_back; i++) {
-        const size_t slot = base + (size_t) ((pos + i) % MTP_RING);
+        const size_t slot = base + (size_t) ((pos + i) % s->mtp_ring);
         s->mtp_tok[i]    = s->mtp_ring_tok[slot];
         s->mtp_pos[i]    = pos + i;
         s->seq_ids[i]    = seq_id;
@@ -877,12 +883,32 @@ int swarm_span_truncate(struct swarm_span * s, int32_t seq_id, int32_t pos) {
         return SWARM_ERR_ARG;
     }
     if (s->mtp_ctx) {
-        // the head keeps h of the last position only: it could not continue from an earlier one
+        const llama_pos last = llama_memory_seq_pos_max(s->mem, seq_id);
         if (pos == 0) {
             clear_seq(s, seq_id);
             return SWARM_OK;
         }
-        return pos > llama_memory_seq_pos_max(s->mem, seq_id) ? SWARM_OK : SWARM_ERR_STATE;
+        if (pos > last) {
+            return SWARM_OK;
+        }
+        // the head goes on from pos with the h it was fed there (h of pos - 1): only from the ring
+        if (!s->mtp_truncate) {
+            return SWARM_ERR_STATE;
+        }
+        const llama_pos lo = last + 1 - s->mtp_ring > s->mtp_ring_lo[seq_id] ? last + 1 - s->mtp_ring
+                                                                             : s->mtp_ring_lo[seq_id];
+        if (pos < lo) {
+            return SWARM_ERR_NOT_HELD;
+        }
+        if (!llama_memory_seq_rm(s->mem, seq_id, pos, -1)) {
+            return SWARM_ERR_STATE;
+        }
+        llama_memory_seq_rm(s->mtp_mem, seq_id, pos, -1);
+        const size_t w = (size_t) s->n_embd;
+        const size_t slot = (size_t) seq_id * (size_t) s->mtp_ring + (size_t) (pos % s->mtp_ring);
+        memcpy(s->mtp_pending + (size_t) seq_id * w, s->mtp_ring_h + slot * w, w * sizeof(float));
+        s->mtp_ring_lo[seq_id] = lo;  // slots before lo hold later positions: no longer readable
+        return SWARM_OK;
     }
     return llama_memory_seq_rm(s->mem, seq_id, pos, -1) ? SWARM_OK : SWARM_ERR_STATE;
 }
@@ -1050,7 +1076,7 @@ const char * swarm_status_str(int status) {
         case SWARM_ERR_TYPE:      return "ggml type has no dequantizer";
         case SWARM_ERR_NOT_EMPTY: return "sequence is not empty";
         case SWARM_ERR_INTERRUPTED: return "interrupted (swarm_span_interrupt)";
-        case SWARM_ERR_NOT_HELD:  return "the MTP head no longer holds that position (it remembers the last 8)";
+        case SWARM_ERR_NOT_HELD:  return "the MTP head no longer holds what it was fed at that position";
         default:                  return "unknown status";
     }
 }

@@ -75,6 +75,11 @@ struct swarm_span_params {
                                  //    glm-dsa, qwen35, qwen35moe), with the context's unmasked nextn
                                  //    output on so the last block runs every row (capture_* ignored).
                                  // 0: no head
+    int32_t      mtp_truncate;   // with mtp: 1 the span's cache truncates exactly (not recurrent or
+                                 // compressed): the head remembers what it was fed at each sequence's
+                                 // last SWARM_MTP_TRUNCATE_ROWS positions, and swarm_span_truncate cuts
+                                 // both caches back that far; 0: it remembers SWARM_MTP_MAX_DRAFTS
+                                 // positions (for drafts only) and refuses truncation into a sequence
 };
 
 // One forward step of one sequence.
@@ -100,8 +105,9 @@ struct swarm_span_step {
 // for a step's first row, zeros at p = 0), as llama.cpp's common/speculative.cpp feeds its MTP
 // context. swarm_span_mtp_draft then decodes the next token at pos_max + 1 (and chained drafts after
 // it) and removes them again.
-// Both caches hold the same positions after every call; truncate refuses (the head keeps only the
-// last position's h), clear and state export/import cover both (and that h).
+// Both caches hold the same positions after every call; truncate cuts both as far back as the head
+// remembers its fed rows (mtp_truncate) or refuses, clear and state export/import cover both (and
+// the last position's h).
 
 // Load the span file and create its context. On success *out owns the handle (free it with
 // swarm_span_close); on failure *out is NULL. Errors: ARG, LOAD, CONTEXT.
@@ -149,6 +155,9 @@ int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step
 
 // The most drafts one call chains (swarm_span_mtp_draft's n_draft).
 #define SWARM_MTP_MAX_DRAFTS 8
+// How far back swarm_span_truncate cuts a sequence of a head opened with mtp_truncate: two verify
+// passes of the wire's most rows (a pass and one sent ahead of its answer roll back together).
+#define SWARM_MTP_TRUNCATE_ROWS 128
 
 // MTP drafts for `token` at position pos_max(seq_id) + 1: out[0] ([n_vocab] of out's [n_draft,
 // n_vocab]) is the logits the head gives for the token after it; out[i] those for the token after
@@ -176,8 +185,12 @@ int swarm_span_mtp_draft(struct swarm_span * s, int32_t seq_id, int32_t token, i
 int swarm_span_mtp_draft_at(struct swarm_span * s, int32_t seq_id, int32_t token, int32_t pos,
                             int32_t n_draft, float * out, size_t out_cap, int32_t * n_made);
 
-// Drop positions >= pos of seq_id (pos >= 0). With an MTP head only pos = 0 (clear) or
-// pos > pos_max (nothing to drop) are accepted, else STATE. Errors: ARG, SEQ, STATE.
+// Drop positions >= pos of seq_id (pos >= 0), in the span's cache and the head's. With an MTP head
+// opened without mtp_truncate only pos = 0 (clear) or pos > pos_max (nothing to drop) are accepted,
+// else STATE; with it, also a pos whose fed row the head remembers (at most SWARM_MTP_TRUNCATE_ROWS
+// back, not before a state import), else NOT_HELD: the head's pending h becomes the h it was fed at
+// pos (h of pos - 1), so the next step continues as if the dropped rows had never been fed.
+// Errors: ARG, SEQ, STATE, NOT_HELD.
 int swarm_span_truncate(struct swarm_span * s, int32_t seq_id, int32_t pos);
 
 // Drop every position of seq_id. Errors: ARG, SEQ.

@@ -46,6 +46,11 @@ MTP_MAX_DRAFTS = 8
 """The most drafts a last span's multi-token-prediction head chains per answer (`Token.draft`;
 csrc/swarm_span.h SWARM_MTP_MAX_DRAFTS, which must equal it)."""
 
+MTP_TRUNCATE_ROWS = 2 * MAX_VERIFY_ROWS
+"""How far back a last span with a multi-token-prediction head on a cache that truncates exactly
+can cut a sequence: a verify pass and one sent ahead of its answer roll back together
+(`SpanExecutor.truncate_depth`; csrc/swarm_span.h SWARM_MTP_TRUNCATE_ROWS, which must equal it)."""
+
 # ---- bounds the stream protocol (swarm/wire.py) shares with other checks ----------------------------
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024

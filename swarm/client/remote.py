@@ -8,7 +8,7 @@ monotonic clock and asyncio's sleep, all on the `SwarmConnection`'s loop thread
 `[n, hidden]` hidden states cross the network (`hidden` = n_embd x the arch row's `boundary_width`),
 with each row's token id where the arch row has a `token_ids` sideband (deepseek4) or the last span
 serves a multi-token-prediction head (which reads them). A model whose hops cannot roll back
-(`ArchRow.rollback_exact` False, or a served MTP head: it keeps h of its last position only) offers
+(`ArchRow.rollback_exact` False, or a served MTP head: it goes back at most 128 positions) offers
 no prompt prefixes (a restore truncates a held snapshot to the offered length), and its speculation
 rolls rejected rows back from the state each hop exported before the pass
 (swarm/peer/checkpoints.py).
@@ -84,8 +84,9 @@ class RemoteEngine:
             none. Read when a session opens.
         rollback_exact: the model's hops can roll a sequence back to any position
             (`ArchRow.rollback_exact`, and no served MTP head); without it they roll back only a
-            verify pass's rows, from the state exported before it (swarm/peer/checkpoints.py), and
-            offer no prefixes.
+            verify pass's rows (and a pass sent ahead), from the state exported before it
+            (swarm/peer/checkpoints.py) or, on a last span with a head whose cache truncates, by
+            truncation (`SpanExecutor.truncate_depth`), and offer no prefixes.
     """
 
     def __init__(

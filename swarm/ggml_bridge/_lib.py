@@ -46,6 +46,7 @@ class SpanParams(ctypes.Structure):
         ("is_last", c_int32),
         ("require_token_ids", c_int32),
         ("mtp", c_int32),
+        ("mtp_truncate", c_int32),
     ]
 
 

@@ -35,7 +35,7 @@ from swarm.arch import arch_row
 from swarm.errors import ExecutorError, ExecutorInterrupted
 from swarm.ggml_bridge import _lib
 from swarm.ggml_bridge.slicing import build_span, read_span_layers, span_has_mtp, span_reads_token_ids
-from swarm.limits import MTP_MAX_DRAFTS
+from swarm.limits import MTP_MAX_DRAFTS, MTP_TRUNCATE_ROWS
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,10 @@ class ExecutorConfig:
         interruptible: `interrupt` may stop a step: the span's cache drops a stopped step's positions
             exactly (`ArchRow.rollback_exact`). False (the default, for hybrid and compressed
             caches, and for a span with an MTP head): `interrupt` does nothing.
+        mtp_truncate: with `mtp`, the span's cache truncates exactly (`ArchRow.rollback_exact`): the
+            head remembers what it was fed at each sequence's last MTP_TRUNCATE_ROWS positions and
+            `truncate` cuts that far back (`SpanExecutor.truncate_depth`). False: no truncation into
+            a sequence.
     """
 
     n_ctx_tokens: int
@@ -79,6 +83,7 @@ class ExecutorConfig:
     require_token_ids: bool = False
     mtp: str = ""
     interruptible: bool = False
+    mtp_truncate: bool = False
 
 
 _MTP_MODES = {"": 0, "residual": 1, "h_nextn": 2}
@@ -133,6 +138,7 @@ class SpanExecutor:
             is_last=1 if config.is_last else 0,
             require_token_ids=1 if config.require_token_ids else 0,
             mtp=_MTP_MODES[config.mtp],
+            mtp_truncate=1 if config.mtp and config.mtp_truncate else 0,
         )
         handle = ctypes.c_void_p()
         rc = self._so.swarm_span_open(ctypes.byref(params), ctypes.byref(handle))
@@ -167,8 +173,9 @@ class SpanExecutor:
                                 n_ubatch=n_batch, flash_attn=flash_attn,
                                 require_token_ids=span_reads_token_ids(span),
                                 mtp=row.mtp_input if mtp else "",
-                                # the head keeps h of the last position only: no cut into the sequence
-                                interruptible=row.rollback_exact and not mtp)
+                                # a stopped step's rows would have to come out of the head too
+                                interruptible=row.rollback_exact and not mtp,
+                                mtp_truncate=mtp and row.rollback_exact)
         return cls(span, config)
 
     @property
@@ -274,8 +281,19 @@ class SpanExecutor:
         """`truncate` can cut the sequence back to any earlier position: the architecture's cache
         rolls back exactly (`ArchRow.rollback_exact`) and the span serves no MTP head, recorded as
         `ExecutorConfig.interruptible`, which needs the same. False for a recurrent or compressed
-        state or a span with a head: only a clear (position 0)."""
+        state or a span with a head (see `truncate_depth`)."""
         return self._config.interruptible
+
+    @property
+    def truncate_depth(self) -> int | None:
+        """How many positions back from a sequence's end `truncate` can cut it: None, any
+        (`can_truncate`); MTP_TRUNCATE_ROWS for a span with an MTP head on a cache that truncates
+        exactly (the head goes on from the h it was fed at the cut, which it remembers that far
+        back: two verify passes of the most rows); 0 for a recurrent or compressed state, or a head
+        on one (only a clear)."""
+        if self.can_truncate:
+            return None
+        return MTP_TRUNCATE_ROWS if self.has_mtp and self._config.mtp_truncate else 0
 
     def interrupt(self, on: bool = True) -> None:
         """Ask a `forward` running on another thread to stop (on=True), or let forwards run again.
@@ -372,7 +390,8 @@ class SpanExecutor:
         it; it is left holding the sequence's positions as before (the next step feeds the head its
         real row), so a draft may be asked again or not at all. A `pos` inside the sequence drafts as
         if it ended at pos - 1 (a verify pass whose rows from pos on are rejected); the head
-        remembers its last `MTP_MAX_DRAFTS` (8) positions for that, and the entries it holds for
+        remembers its last `MTP_MAX_DRAFTS` (8) positions for that (MTP_TRUNCATE_ROWS on a cache
+        that truncates: `truncate_depth`), and the entries it holds for
         pos.. afterwards are recomputed ones (csrc/swarm_span.h `swarm_span_mtp_draft_at`).
 
         Args:
@@ -413,8 +432,8 @@ class SpanExecutor:
 
     def truncate(self, seq_id: int, pos: int) -> None:
         """Drop positions >= pos of `seq_id` (rollback); pos_max becomes min(pos_max, pos - 1).
-        A span with an MTP head refuses to drop a position unless pos is 0 (the head keeps h of the
-        last position only).
+        A span with an MTP head drops positions only as far back as `truncate_depth` (the head goes on
+        from the h it was fed at pos), or all of them (pos 0).
 
         Raises:
             ExecutorError: unknown seq id, negative pos, a rollback the span's cache or head cannot do.

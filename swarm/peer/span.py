@@ -65,7 +65,7 @@ class Span:
         lock: held around every unit of executor work, and while the executor is swapped.
         pool: the executor thread for long calls.
         checkpoints: the sessions' states before their verify passes, on a span whose cache cannot
-            truncate (`SpanExecutor.can_truncate` False); unused on others.
+            truncate (`SpanExecutor.truncate_depth` 0); unused on others.
     """
 
     def __init__(self, model_id: str, start: int, end: int, executor: SpanExecutor, sessions: SessionTable, *,
@@ -203,7 +203,8 @@ class Span:
         if why is not None:
             raise RequestError(why)
         rows = np.ascontiguousarray(hidden, dtype=np.float32)
-        checkpoints = not self.executor.can_truncate
+        # a span that truncates (any depth, or an MTP head's two verify passes) needs no checkpoint
+        checkpoints = self.executor.truncate_depth == 0
         # only groups proved exact recompute as they were computed (a larger group: no rollback)
         exact_verify = checkpoints and verify and max(steps or (rows.shape[0],)) <= self.verify_rows
         if exact_verify:
@@ -254,7 +255,9 @@ class Span:
 
         A span whose cache cannot truncate (a recurrent or compressed state) rolls back from a
         checkpoint taken before a verify pass (swarm/peer/checkpoints.py), to 0 by clearing, and
-        refuses any other position.
+        refuses any other position; a span with an MTP head on a cache that truncates cuts back as
+        far as the head remembers (`SpanExecutor.truncate_depth`: two verify passes) and refuses
+        deeper.
 
         Raises:
             RequestError: `pos` is past the session's position or negative.
@@ -264,7 +267,7 @@ class Span:
         why = truncate_refusal(pos, slot.pos)
         if why is not None:
             raise RequestError(why)
-        rollback = None if self.executor.can_truncate or pos in (0, slot.pos) else \
+        rollback = None if self.executor.truncate_depth != 0 or pos in (0, slot.pos) else \
             self.checkpoints.plan(slot.seq_id, pos)
         if rollback is None:
             # the cache first: a recurrent state cannot roll back into a sequence (ArchRow.rollback_exact),

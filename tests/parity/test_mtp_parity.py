@@ -27,7 +27,7 @@ from swarm.ggml_bridge.gguf_header import scan
 from swarm.ggml_bridge.slicing import (build_span, legal_starts, mtp_layers, read_span_layers, span_has_mtp,
                                        span_reads_token_ids)
 from swarm.kv.budget import span_budget
-from swarm.limits import MTP_MAX_DRAFTS
+from swarm.limits import MTP_MAX_DRAFTS, MTP_TRUNCATE_ROWS
 from swarm.manifest import Manifest, build_manifest
 from tests.helpers.chains import chain_forward, open_chain
 from tests.helpers.mtp_oracle import run_mtp_oracle
@@ -281,6 +281,71 @@ def test_a_draft_from_inside_the_sequence_is_the_draft_of_the_sequence_ending_th
         assert np.array_equal(last.mtp_draft(0, 5), last.mtp_draft(1, 5))
     finally:
         _close(chain)
+
+
+@pytest.mark.parametrize("arch", ["deepseek2", "glm-dsa"])
+def test_a_head_on_a_cache_that_truncates_is_cut_back_exactly(arch, mtp_models, oracle_for, span_cache):
+    """deepseek2 and glm-dsa cut their KV cache exactly, so their last span with a head truncates too,
+    as far back as the head remembers what it was fed (MTP_TRUNCATE_ROWS: two verify passes): cut
+    inside a pass, the next step's logits and the head's chained drafts equal those of a sequence
+    that never computed the cut rows, bit for bit. Deeper, or after a state import (which carries
+    the last h only), the cut is refused and the sequence stays as it was. A head on a cache that
+    cannot truncate (qwen35's recurrent state) still refuses any cut into the sequence."""
+    model = mtp_models[arch]
+    cuts = next(c for a, c in _CUTS if a == arch)
+    prompt = oracle_for(model, SYNTH_PROMPT).prompt[:30]
+    embedder = TokenEmbedder(model)
+    chain = open_chain(model, cuts, span_cache)
+    last, n, rows = chain[-1], len(prompt), [7, 9, 11, 13, 15]
+    try:
+        assert [ex.truncate_depth for ex in chain] == [None] * len(cuts) + [MTP_TRUNCATE_ROWS]
+        for seq in (0, 1):
+            chain_forward(chain, embedder, seq, 0, prompt)
+        for i, t in enumerate(rows):  # sequence 0: a verify pass of five rows (one-row groups)
+            chain_forward(chain, embedder, 0, n + i, [t])
+        for i, t in enumerate(rows[:2]):  # sequence 1: only the two rows the pass keeps
+            chain_forward(chain, embedder, 1, n + i, [t])
+        before = last.mtp_drafts(0, 42, 3)
+        for ex in chain:
+            ex.truncate(0, n + 2)
+        assert [ex.pos_max(0) for ex in chain] == [n + 1] * len(chain)
+        after = last.mtp_drafts(0, 42, 3)
+        assert np.abs(after - before).max() > 1.0  # the cut rows changed the head's drafts
+        assert np.array_equal(after, last.mtp_drafts(1, 42, 3))
+        steps = [chain_forward(chain, embedder, seq, n + 2, [42]) for seq in (0, 1)]
+        assert np.array_equal(steps[0], steps[1])
+        assert np.array_equal(last.mtp_drafts(0, 5, 3), last.mtp_drafts(1, 5, 3))
+    finally:
+        _close(chain)
+
+    chain = open_chain(model, cuts, span_cache, n_seq_max=1)  # 256 cells: deeper than the head remembers
+    last = chain[-1]
+    try:
+        ids = (prompt * 6)[: MTP_TRUNCATE_ROWS + 40]
+        chain_forward(chain, embedder, 0, 0, ids)
+        end = len(ids)
+        deeper = end - MTP_TRUNCATE_ROWS - 1
+        with pytest.raises(ExecutorError, match=f"truncate 0 at {deeper} failed: the MTP head no longer holds"):
+            last.truncate(0, deeper)
+        assert last.pos_max(0) == end - 1
+        last.truncate(0, end - MTP_TRUNCATE_ROWS)  # as far back as it remembers
+        assert last.pos_max(0) == end - MTP_TRUNCATE_ROWS - 1
+        blob = last.export_seq(0)
+        last.clear(0)
+        last.import_seq(0, blob)
+        with pytest.raises(ExecutorError, match="the MTP head no longer holds"):
+            last.truncate(0, end - MTP_TRUNCATE_ROWS - 2)
+    finally:
+        _close(chain)
+
+    hybrid = open_chain(mtp_models["qwen35"], (2,), span_cache)
+    try:
+        assert hybrid[-1].truncate_depth == 0
+        chain_forward(hybrid, TokenEmbedder(mtp_models["qwen35"]), 0, 0, prompt[:8])
+        with pytest.raises(ExecutorError, match="truncate 0 at 4 failed"):
+            hybrid[-1].truncate(0, 4)
+    finally:
+        _close(hybrid)
 
 
 def test_mtp_head_of_batched_steps_follows_each_sequence(mtp_model, prompt, span_cache):

@@ -16,7 +16,7 @@ from swarm.peer.span import Span
 
 class FakeExecutor:
     n_batch, n_embd, n_threads, n_seq_max, is_last, needs_token_ids = 64, 4, 1, 4, False, False
-    can_truncate = True
+    can_truncate, truncate_depth = True, None
 
     def __init__(self, name="a", fail_truncate=False):
         self.name, self.fail_truncate, self.calls, self.closed = name, fail_truncate, [], False
@@ -80,6 +80,34 @@ def test_a_refused_rollback_leaves_the_table_where_the_cache_is():
         with pytest.raises(ExecutorError):
             await span.truncate(slot, 1)
         assert slot.pos == 3
+
+    asyncio.run(main())
+
+
+class HeadOnTruncatingCache(FakeExecutor):
+    """A last span with an MTP head on a cache that truncates (deepseek2, glm-dsa): it cuts back as
+    far as the head remembers (`SpanExecutor.truncate_depth`), not to any position."""
+
+    can_truncate, truncate_depth = False, 128
+
+    def export_seq(self, seq_id):
+        self.calls.append(("export", seq_id))
+        return b"state"
+
+
+def test_a_head_on_a_truncating_cache_rolls_a_verify_pass_back_by_truncation_without_a_checkpoint():
+    async def main():
+        span = _span(HeadOnTruncatingCache())
+        ex = span.executor
+        slot = await span.admit(b"s" * 16, "client", 32, 0.0)
+        await span.forward(slot, 0, np.zeros((3, 4), np.float32), all_logits=False, steps=(),
+                           finish=lambda r: r)
+        await span.forward(slot, 3, np.zeros((4, 4), np.float32), all_logits=False, steps=(1, 1, 1, 1),
+                           finish=lambda r: r, verify=True)
+        await span.truncate(slot, 5)  # two of the pass's rows kept
+        assert [c[0] for c in ex.calls] == ["clear", "forward", "forward", "forward", "forward", "forward",
+                                            "truncate"]
+        assert ex.calls[-1] == ("truncate", slot.seq_id, 5) and slot.pos == 5
 
     asyncio.run(main())
 
