@@ -25,27 +25,37 @@ DHT_READ_TIMEOUT_S = 30.0
 """Reading the model's announcements from the DHT gives up after this long."""
 SNAPSHOT_MAX_AGE_S = 60.0
 """A failover may re-plan from a DHT read up to this old before reading anew."""
+RTT_MAX_AGE_S = 300.0
+"""A peer's RTT older than this is measured again (as Petals' ping aggregator expires its entries)."""
 
 
 class DHTDirectory:
     """`PeerDirectory` over the DHT: the model's announcements, with RTTs measured by ping.
 
-    Successful RTTs are kept for the engine's life (a peer's RTT changes little); a failed probe is
-    not kept, so the session excludes the peer for a while and it is probed again afterwards. A
-    peer reached through a relay (it announces relay addresses) is pinged through its relay, so its
-    RTT is the relayed path's and the planner prices the hop by it.
+    An RTT is the fastest of a few pings (`SwarmP2P.ping`). A successful one is kept and, once older
+    than `rtt_max_age_s`, measured again in the background while plans go on using it: a first
+    probe can catch a peer busy (a new peer measures its own speed as it starts) and paths change,
+    and a client that kept its first RTT for good would route around such a peer for its whole
+    life. A failed first probe is not kept, so the session excludes the peer for a while and it is
+    probed again afterwards; a failed re-measurement keeps the RTT it had (a dead peer fails its
+    dial). A peer reached through a relay (it announces relay addresses) is pinged through its
+    relay, so its RTT is the relayed path's and the planner prices the hop by it.
 
     Args:
         n_layers: the model's layer count; announcements of spans past it are dropped (None: unchecked).
 
     Attributes:
         rtt_ms: peer id -> measured round trip, ms.
+        rtt_max_age_s: an RTT older than this (s) is measured again when `peers` next runs.
     """
 
     def __init__(self, dht: SwarmDHT, model_id: str, probe_timeout_s: float, n_layers: int | None = None):
         self._dht, self._model_id, self._probe_timeout_s = dht, model_id, probe_timeout_s
         self._n_layers = n_layers
         self.rtt_ms: dict[str, float] = {}
+        self.rtt_max_age_s = RTT_MAX_AGE_S
+        self._measured_at: dict[str, float] = {}  # peer id -> time.monotonic() of its RTT
+        self._remeasuring: dict[str, asyncio.Future] = {}  # peer id -> its re-measurement running
         self._addrs: dict[str, tuple[str, ...]] = {}
         self._direct: dict[str, tuple[str, ...]] = {}
         self._relay: dict[str, tuple[str, ...]] = {}
@@ -102,23 +112,48 @@ class DHTDirectory:
         unmeasured = [
             a.peer_id for a in announced if a.peer_id not in self.rtt_ms and a.peer_id not in skip_probe
         ]
+        self._remeasure_old([a.peer_id for a in announced if a.peer_id not in skip_probe])
         answered = await self.probe(unmeasured)
         failed = {p: math.inf for p in unmeasured if p not in answered}
         return peer_spans(announced, {**self.rtt_ms, **failed})
+
+    async def _ping(self, peer_id: str) -> None:
+        """Measure `peer_id`'s RTT into `rtt_ms`.
+
+        Raises:
+            SwarmError: it did not answer (`rtt_ms` unchanged).
+        """
+        timeout_s, relays = self._probe_timeout_s, self.relay_addrs(peer_id)
+        if relays:
+            rtt = await relay_dial.ping(self.identity, relays, peer_id, timeout_s=timeout_s)
+        else:
+            rtt = await self._dht.transport.ping(peer_id, self.addrs(peer_id), timeout_s=timeout_s)
+        self.rtt_ms[peer_id], self._measured_at[peer_id] = rtt, time.monotonic()
+
+    def _remeasure_old(self, peer_ids: Collection[str]) -> None:
+        """Start measuring again, in the background, the RTTs among `peer_ids` older than
+        `rtt_max_age_s` (one re-measurement of a peer at a time)."""
+        now = time.monotonic()
+        for peer_id in peer_ids:
+            if (peer_id in self.rtt_ms and peer_id not in self._remeasuring
+                    and now - self._measured_at.get(peer_id, now) > self.rtt_max_age_s):
+                task = asyncio.ensure_future(self._remeasure(peer_id))
+                self._remeasuring[peer_id] = task
+                task.add_done_callback(lambda _, p=peer_id: self._remeasuring.pop(p, None))
+
+    async def _remeasure(self, peer_id: str) -> None:
+        try:
+            async with asyncio.timeout(self._probe_timeout_s * 3):  # dialling has no timeout of its own
+                await self._ping(peer_id)
+        except (SwarmError, TimeoutError):
+            pass  # keep the RTT it had: a dead peer fails its dial, and the session excludes it
 
     async def probe(self, peer_ids: Collection[str]) -> set[str]:
         """Ping these peers in parallel; keep the RTTs of the ones that answered and return them."""
 
         async def ping(peer_id: str) -> str | None:
             try:
-                if self.relay_addrs(peer_id):
-                    self.rtt_ms[peer_id] = await relay_dial.ping(
-                        self.identity, self.relay_addrs(peer_id), peer_id, timeout_s=self._probe_timeout_s
-                    )
-                else:
-                    self.rtt_ms[peer_id] = await self._dht.transport.ping(
-                        peer_id, self.addrs(peer_id), timeout_s=self._probe_timeout_s
-                    )
+                await self._ping(peer_id)
                 return peer_id
             except SwarmError:
                 self.rtt_ms.pop(peer_id, None)

@@ -14,7 +14,7 @@ from swarm import Client
 from swarm.client.directory import DHTDirectory
 
 from tests.helpers.oracle import oracle
-from tests.helpers.peers import serve_args
+from tests.helpers.peers import serve_args, wait_for
 
 PROMPT = "The three most important inventions of the twentieth century are"
 
@@ -41,6 +41,24 @@ def test_three_span_route_matches_llama_cpp(smol_swarm, smollm2_path):
     assert all(h.bytes_sent < 2000 for h in route[1:])
     assert route[1].bytes_received >= 4 * 576 * (n_prompt + 31)
     assert route[-1].bytes_received < 200 * 32  # the last hop returns token ids, not logits or hidden states
+
+
+def test_an_rtt_measured_while_a_peer_was_busy_is_measured_again(smol_swarm, smollm2_path):
+    """A client keeps each peer's RTT and measures it again, in the background, once it is older
+    than `rtt_max_age_s`: an RTT read while the peer was busy (here 5 s, as a first ping during a new
+    peer's start-up could read) does not price the peer out of routes for the client's whole life."""
+    middle = smol_swarm.started[1].peer_id
+    with Client(str(smollm2_path), initial_peers=smol_swarm.started[0].maddrs) as client:
+        directory, loop = client._engine.directory, client._engine._conn.loop  # noqa: SLF001
+
+        def rtts() -> dict[str, float]:
+            return {s.peer_id: s.rtt_ms for s in loop.run(directory.peers(frozenset(), False), 30)}
+
+        assert 0 < rtts()[middle] < 5000.0
+        directory.rtt_ms[middle] = 5000.0
+        assert rtts()[middle] == 5000.0  # younger than rtt_max_age_s: kept
+        directory.rtt_max_age_s = 0.0
+        wait_for(lambda: rtts()[middle] < 5000.0, "the middle peer's RTT measured again", 60)
 
 
 def test_direct_streams_fall_back_to_libp2p_with_the_same_answer(smol_swarm, smollm2_path, monkeypatch):
