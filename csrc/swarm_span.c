@@ -414,15 +414,20 @@ static void clear_seq(struct swarm_span * s, int32_t seq_id) {
     }
 }
 
-// Undoes a failed step of seq_id from pos0 in the span's cache and the head's (its pending h back to
-// saved). A cache that cannot drop those positions (deepseek4's compressed cache keeps few recent
-// positions) would leave the sequence half-advanced, and the head out of step: it is emptied instead.
-static void undo_step(struct swarm_span * s, int32_t seq_id, int32_t pos0, const float * saved) {
+// Undoes a failed step of n rows of seq_id from pos0 in the span's cache and the head's (its pending
+// h back to saved). A cache that cannot drop those positions (deepseek4's compressed cache keeps few
+// recent positions) would leave the sequence half-advanced, and the head out of step: it is emptied
+// instead.
+static void undo_step(struct swarm_span * s, int32_t seq_id, int32_t pos0, int32_t n, const float * saved) {
     bool ok = llama_memory_seq_rm(s->mem, seq_id, pos0, -1);
     if (s->mtp_ctx) {
         ok = llama_memory_seq_rm(s->mtp_mem, seq_id, pos0, -1) && ok;
         memcpy(s->mtp_pending + (size_t) seq_id * s->n_embd, saved, sizeof(float) * (size_t) s->n_embd);
-        s->mtp_ring_lo[seq_id] = INT32_MAX;  // the step's rows may have replaced kept ones
+        // rows the step fed took the ring slots of positions pos0 - ring .. pos0 + n - 1 - ring
+        const llama_pos kept = pos0 + n - s->mtp_ring;
+        if (kept > s->mtp_ring_lo[seq_id]) {
+            s->mtp_ring_lo[seq_id] = kept;
+        }
     }
     if (!ok) {
         clear_seq(s, seq_id);
@@ -627,7 +632,7 @@ int swarm_span_execute(struct swarm_span * s, const struct swarm_span_step * st)
     }
     s->interruptible = false;
     if (rc != SWARM_OK) {
-        undo_step(s, st->seq_id, st->pos0, saved);
+        undo_step(s, st->seq_id, st->pos0, st->n_tokens, saved);
     }
     free(saved);
     return rc;
@@ -790,7 +795,8 @@ int swarm_span_execute_batch(struct swarm_span * s, const struct swarm_span_step
     free(embd);
     if (rc != SWARM_OK) {
         for (int32_t k = 0; k < n_steps; k++) {
-            undo_step(s, steps[k].seq_id, steps[k].pos0, saved ? saved + (size_t) k * s->n_embd : NULL);
+            undo_step(s, steps[k].seq_id, steps[k].pos0, steps[k].n_tokens,
+                      saved ? saved + (size_t) k * s->n_embd : NULL);
         }
     }
     free(saved);

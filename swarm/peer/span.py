@@ -214,7 +214,9 @@ class Span:
             out = await self.scheduler.step(slot.seq_id, pos0, rows, all_logits=all_logits, steps=steps,
                                             client=slot.owner, token_ids=token_ids)
         except SwarmError:
-            if checkpoints:  # the scheduler's undo of a step's finished sub-steps truncates: not here
+            # the scheduler's undo of a step's finished sub-steps truncates, which a cache without
+            # any-depth truncation may refuse: bring the cache back to where the table says
+            if self.executor.truncate_depth is not None:
                 await self._back_to(slot, pos0)
             raise
         if checkpoints:
@@ -226,15 +228,22 @@ class Span:
         return reply
 
     async def _back_to(self, slot: SessionSlot, pos0: int) -> None:
-        """After a failed step on a span whose cache cannot truncate: bring the sequence back to
-        `pos0`, where the table says it ends (a step of several sub-steps may have computed some),
-        from a checkpoint at or before `pos0`; without one, empty the session."""
+        """After a failed step on a span whose cache does not truncate to any depth: bring the
+        sequence back to `pos0`, where the table says it ends (a step of several sub-steps may have
+        computed some), by truncation as far back as the span's `truncate_depth` allows, else from a
+        checkpoint at or before `pos0`; failing both, empty the session."""
         rollback = self.checkpoints.plan(slot.seq_id, pos0)
         ex = self.executor
 
         def back() -> bool:
             if ex.pos_max(slot.seq_id) == pos0 - 1:
                 return True
+            if ex.truncate_depth:
+                try:
+                    ex.truncate(slot.seq_id, pos0)
+                    return True
+                except ExecutorError:
+                    pass  # deeper than the head remembers
             if rollback is not None:
                 try:
                     replay(ex, slot.seq_id, rollback)

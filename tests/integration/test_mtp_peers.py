@@ -1,15 +1,15 @@
 """The multi-token-prediction heads that read llama.cpp's `h_nextn` (`ArchRow.mtp_input`), served by
 real peers: synthetic qwen35 (hybrid recurrent cache, M-RoPE positions) and deepseek2 (MLA, a cache
-that truncates, but whose last span's head keeps h of its last position only) with one MTP block each,
-on two peers apiece, the last span serving the head.
+that truncates; its last span's head goes back as far as it remembers what it was fed) with one MTP
+block each, on two peers apiece, the last span serving the head.
 
-`Client(draft="mtp")` speculates with the head's guesses over a pushed route: the tokens are the
-whole model's (llama.cpp, tests/helpers/oracle.py) and every guess the route answers is the whole
-model's head's (tests/helpers/mtp_oracle.py), with guesses kept and guesses rolled back on every hop
-from the state it exported before the pass (swarm/peer/checkpoints.py). deepseek2's route sends each
-row's token id (its layers read none: the head does) and rolls back as a non-truncating route does,
-with no prefix offers. The deepseek4 head (the last block's residual) is covered by
-tests/integration/test_deepseek4_peers.py.
+`Client(draft="mtp")` speculates with the head's chained guesses over a pushed route: the tokens are
+the whole model's (llama.cpp, tests/helpers/oracle.py) and every chain the route answers is the whole
+model's head's (tests/helpers/mtp_oracle.py), with guesses kept and guesses rolled back on every hop:
+qwen35's from the state each hop exported before the pass (swarm/peer/checkpoints.py), deepseek2's by
+truncation (its last span's `SpanExecutor.truncate_depth`). deepseek2's route sends each row's token
+id (its layers read none: the head does) and offers no prefixes, as a non-truncating route does. The
+deepseek4 head (the last block's residual) is covered by tests/integration/test_deepseek4_peers.py.
 """
 
 from __future__ import annotations

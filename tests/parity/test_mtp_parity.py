@@ -12,6 +12,7 @@ truncation, batches, a failed step) run on deepseek4.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,11 @@ from swarm.ggml_bridge.gguf_header import scan
 from swarm.ggml_bridge.slicing import (build_span, legal_starts, mtp_layers, read_span_layers, span_has_mtp,
                                        span_reads_token_ids)
 from swarm.kv.budget import span_budget
+from swarm.kv.sessions import SessionTable
 from swarm.limits import MTP_MAX_DRAFTS, MTP_TRUNCATE_ROWS
 from swarm.manifest import Manifest, build_manifest
+from swarm.peer.rules import Throughput
+from swarm.peer.span import Span
 from tests.helpers.chains import chain_forward, open_chain
 from tests.helpers.mtp_oracle import run_mtp_oracle
 from tests.helpers.oracle import N_DECODE, N_THREADS
@@ -325,7 +329,7 @@ def test_a_head_on_a_cache_that_truncates_is_cut_back_exactly(arch, mtp_models, 
         chain_forward(chain, embedder, 0, 0, ids)
         end = len(ids)
         deeper = end - MTP_TRUNCATE_ROWS - 1
-        with pytest.raises(ExecutorError, match=f"truncate 0 at {deeper} failed: the MTP head no longer holds"):
+        with pytest.raises(ExecutorError, match=f"truncate 0 at {deeper} failed: the MTP head no longer"):
             last.truncate(0, deeper)
         assert last.pos_max(0) == end - 1
         last.truncate(0, end - MTP_TRUNCATE_ROWS)  # as far back as it remembers
@@ -346,6 +350,57 @@ def test_a_head_on_a_cache_that_truncates_is_cut_back_exactly(arch, mtp_models, 
             hybrid[-1].truncate(0, 4)
     finally:
         _close(hybrid)
+
+
+def test_a_failed_step_on_a_head_span_that_truncates_leaves_the_session_where_its_table_says(mtp_models,
+                                                                                             span_cache):
+    """On a deepseek2 last span with a head (it truncates as far back as the head remembers), a verify
+    pass whose last one-row group finds no KV cell is undone to its start, and the session goes on
+    from there; a 230-row step whose last chunk fails, computed 192 rows past its start (deeper than
+    the head remembers), empties the session instead of leaving its cache ahead of its table."""
+    model = mtp_models["deepseek2"]
+    _, n_layers = read_span_layers(model)
+    embedder = TokenEmbedder(model)
+    first, last = (SpanExecutor.for_span(model, a, b, n_ctx_tokens=cells, n_seq_max=1, n_threads=N_THREADS,
+                                         cache_dir=span_cache, n_batch=64)
+                   for a, b, cells in ((0, 2, 1024), (2, n_layers, 256)))  # only the last span runs out
+
+    def rows(pos0: int, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        tok = np.array(ids, np.int32)
+        first.truncate(0, pos0)
+        return first.forward(0, pos0, embedder.embed(ids), token_ids=tok), tok
+
+    async def main() -> None:
+        # a table of more tokens than the span's 256 cells, so that steps reach llama.cpp's KV-full
+        span = Span("ab" * 32, 2, n_layers, last, SessionTable(1, 1024, idle_timeout_s=600.0), prefixes=None,
+                    inline_max_ms=0.0, measure=lambda ex: Throughput(1.0, 2.0))
+        slot = await span.admit(b"s" * 16, "client", 1000, 0.0)
+        ids = [4 + i % 200 for i in range(253)]
+        h, tok = rows(0, ids)
+        await span.forward(slot, 0, h, all_logits=False, steps=(), finish=lambda r: r, token_ids=tok)
+        h, tok = rows(253, [7, 8, 9, 10])  # three cells left: the fourth row fails
+        with pytest.raises(ExecutorError, match="KV cache full"):
+            await span.forward(slot, 253, h, all_logits=True, steps=(1, 1, 1, 1), finish=lambda r: r,
+                               token_ids=tok, verify=True)
+        assert (slot.pos, last.pos_max(0)) == (253, 252)
+        await span.forward(slot, 253, h[:1], all_logits=False, steps=(), finish=lambda r: r,
+                           token_ids=tok[:1])
+
+        await span.truncate(slot, 0)
+        h, tok = rows(0, ids[:40])
+        await span.forward(slot, 0, h, all_logits=False, steps=(), finish=lambda r: r, token_ids=tok)
+        h, tok = rows(40, [4 + i % 200 for i in range(230)])  # chunks of 64: the fourth passes cell 255
+        with pytest.raises(ExecutorError, match="KV cache full"):
+            await span.forward(slot, 40, h, all_logits=False, steps=(), finish=lambda r: r, token_ids=tok)
+        assert (slot.pos, last.pos_max(0)) == (0, -1)  # emptied, in step
+        h, tok = rows(0, ids[:5])
+        await span.forward(slot, 0, h, all_logits=False, steps=(), finish=lambda r: r, token_ids=tok)
+        assert (slot.pos, last.pos_max(0)) == (5, 4)
+
+    try:
+        asyncio.run(main())
+    finally:
+        _close([first, last])
 
 
 def test_mtp_head_of_batched_steps_follows_each_sequence(mtp_model, prompt, span_cache):
