@@ -44,8 +44,9 @@ class Client:
             no model; "self", the model requantized to Q3_K_M and run greedily in this process
             (made once into the cache, swarm/client/draftmodel.py); "self:TYPE", another type
             (Q2_K, Q4_0, ...); "mtp", the model's own multi-token-prediction head, served on the
-            route's last span (one drafted token per pass; models whose GGUF keeps MTP blocks the
-            swarm serves: deepseek4); or the path of a draft GGUF with the model's tokenizer.
+            route's last span (min(speculate, 8) chained guesses per pass; models whose GGUF keeps
+            MTP blocks the swarm serves: deepseek4, deepseek2, glm-dsa, qwen35, qwen35moe); or the
+            path of a draft GGUF with the model's tokenizer.
         draft_threads: the draft model's llama.cpp threads; default 1.
     Raises:
         RequestError: prefill_chunk_tokens off the grid (`swarm.numeric.check_chunk_tokens`), a
