@@ -234,7 +234,8 @@ class Client:
         return self._draft_weights.draft(n_tokens)
 
     def _use_head_drafts(self) -> None:
-        """Ask the route's last span for its MTP head's drafts (`draft="mtp"`).
+        """Check that the route's last span can answer its MTP head's drafts (`draft="mtp"`); each
+        request that speculates asks for them (`stream`).
 
         Raises:
             RequestError: the model has no MTP block, or the swarm does not serve its architecture's
@@ -245,7 +246,6 @@ class Client:
             self.close()
             raise RequestError(f"draft 'mtp': the model ({manifest.arch}) has no multi-token-prediction "
                                "head that the swarm serves; use lookup, self or a draft .gguf")
-        self._engine.mtp_drafts = 1
 
     def close(self) -> None:
         """Release the swarm connection (a no-op for the local backend)."""
@@ -280,9 +280,10 @@ class Client:
         req = GenerationRequest(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop))
         if speculate:
             check_request(len(tokens), req, self._engine.context_limit)  # the draft is sized by it
-            if self._head_drafts:  # as many chained guesses as the request verifies per pass
-                self._engine.mtp_drafts = min(speculate, MTP_MAX_DRAFTS)
             req = dataclasses.replace(req, speculation=Speculation(
                 self._draft(len(tokens) + max_new_tokens), k=speculate, group_rows=self.verify_group_rows,
                 adaptive=self.adaptive_speculation, pipeline=self.pipeline_speculation))
+        if self._head_drafts:  # as many chained guesses as the request verifies per pass; none unused
+            ok = isinstance(speculate, int) and speculate > 0  # else refused with the request below
+            self._engine.mtp_drafts = min(speculate, MTP_MAX_DRAFTS) if ok else 0
         return TokenStream(self._engine, self.tokenizer, tokens, req, backend=self._backend)

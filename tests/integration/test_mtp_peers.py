@@ -63,6 +63,9 @@ def test_speculation_with_an_h_nextn_head_gives_the_whole_models_tokens(mtp_swar
         engine = client._engine  # noqa: SLF001 - the engine's documented attributes
         assert not engine.rollback_exact and engine.push
         got = client.stream_tokens(prompt, max_new_tokens=N_DECODE, speculate=K).run()
+        plain = client.stream_tokens(prompt, max_new_tokens=8).run()
+    # a request that does not speculate asks the head for nothing
+    assert plain.telemetry.mtp_drafts == {} and plain.tokens == want.tokens[:8]
     n = len(got.tokens)
     assert n >= 8 and got.tokens == want.tokens[:n]
     spec = got.telemetry.speculation
