@@ -390,9 +390,9 @@ class SpanExecutor:
         it; it is left holding the sequence's positions as before (the next step feeds the head its
         real row), so a draft may be asked again or not at all. A `pos` inside the sequence drafts as
         if it ended at pos - 1 (a verify pass whose rows from pos on are rejected); the head
-        remembers its last `MTP_MAX_DRAFTS` (8) positions for that (MTP_TRUNCATE_ROWS on a cache
-        that truncates: `truncate_depth`), and the entries it holds for
-        pos.. afterwards are recomputed ones (csrc/swarm_span.h `swarm_span_mtp_draft_at`).
+        remembers its last `MTP_MAX_DRAFTS` (8) positions for that (MTP_TRUNCATE_ROWS, 128, on a
+        cache that truncates: `truncate_depth`), and the entries it holds for pos.. afterwards are
+        recomputed ones (csrc/swarm_span.h `swarm_span_mtp_draft_at`).
 
         Args:
             seq_id: a sequence holding at least one position.
@@ -404,8 +404,8 @@ class SpanExecutor:
             left for the later drafts.
         Raises:
             ExecutorError: no MTP head, unknown seq id, empty sequence, token or n out of range, a
-                pos the head does not remember (before the last 8, or before a state import), no
-                KV cell left for the first draft's position, llama.cpp failure.
+                pos the head does not remember (before the last 8 or 128, or before a state
+                import), no KV cell left for the first draft's position, llama.cpp failure.
         """
         h = self._handle()
         self._check_seq(seq_id)
